@@ -1,0 +1,144 @@
+"""activate() / deactivate() / status(): the decision, and registering the post-import hooks.
+
+Called by the ``.pth`` start-up hook (first ``import vllm_ascend``), by the ``vllm.general_plugins``
+entry point (every vLLM process), by ``verify`` and by tests. Idempotent and thread-safe: the
+first call decides and registers; later calls only record their source. A forked child inherits
+the state (and the already-wrapped objects); a spawned child starts again from the ``.pth``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+
+from gptoss_patch import environment, matrix
+from gptoss_patch.registry import PatchState, Registry, Status, static_check
+
+_lock = threading.RLock()
+_sources: list[str] = []
+_decision: matrix.Decision | None = None
+_versions: environment.Versions | None = None
+_registry: Registry | None = None
+_hooked: set[str] = set()
+
+
+def _env_flag(name: str) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in ("1", "true", "yes", "on"):
+        return True
+    if raw in ("", "0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{name}={os.environ.get(name)!r} is not a boolean; use 1 or 0")
+
+
+def _structural_check(row: matrix.Row) -> list[str]:
+    """Static (ast, no import) check of every target the row's layout needs; returns failures."""
+    from gptoss_patch.patches import all_specs
+
+    specs = all_specs()
+    layout = matrix.LAYOUTS[row.layout] if row.layout else {}
+    failures: list[str] = []
+    for name in matrix.LAYOUT_PATCHES.get(row.layout or "", ()):
+        spec = specs[name]
+        target = layout.get(spec.target_key)
+        if target is None:
+            failures.append(f"{name}: layout {row.layout} has no target {spec.target_key}")
+            continue
+        failures.extend(static_check(spec, target))
+    return failures
+
+
+def activate(source: str = "api", force: bool | None = None) -> Status:
+    """Decide from the installed versions and, on *apply*, register the post-import hooks.
+
+    Args:
+        source: who is calling (recorded in :func:`status`).
+        force: apply even when the matrix refuses; default reads ``GPTOSS_PATCH_FORCE``.
+
+    Returns:
+        The :class:`gptoss_patch.registry.Status` after activation.
+
+    Raises:
+        ValueError: ``GPTOSS_PATCH_FORCE`` is set to a non-boolean value.
+    """
+    global _decision, _versions, _registry
+    with _lock:
+        _sources.append(source)
+        if _decision is not None:
+            return status()
+        if force is None:
+            force = _env_flag("GPTOSS_PATCH_FORCE")
+        _versions = environment.installed_versions()
+        _decision = matrix.decide(_versions.vllm_ascend, _versions.vllm, force=force,
+                                  structural_check=_structural_check)
+        if _decision.forced:
+            sys.stderr.write(f"gptoss-patch: WARNING: {_decision.reason}\n")
+        if _decision.verdict == matrix.APPLY and _decision.row is not None:
+            _register(_decision.row)
+        return status()
+
+
+def _register(row: matrix.Row) -> None:
+    global _registry
+    import wrapt
+
+    from gptoss_patch.patches import all_specs
+
+    specs = all_specs()
+    names = matrix.LAYOUT_PATCHES.get(row.layout or "", ())
+    _registry = Registry([specs[n] for n in names], matrix.LAYOUTS[row.layout or ""])
+    registry = _registry
+    for module in registry.target_modules():
+        _hooked.add(module)
+        wrapt.register_post_import_hook(functools.partial(_hook, registry), module)
+
+
+def _hook(registry: Registry, module) -> None:
+    # A hook must never break the user's import; the registry records failures in the status.
+    try:
+        registry.on_import(module)
+    except Exception as exc:  # noqa: BLE001
+        for st in registry.states.values():
+            if st.state == "pending" and st.target.startswith(module.__name__ + ":"):
+                st.state, st.reason = "failed", f"hook raised {type(exc).__name__}: {exc}"
+
+
+def deactivate() -> Status:
+    """Remove every applied patch (originals restored, by-value names rebound back). Returns the status."""
+    with _lock:
+        if _registry is not None:
+            _registry.remove_all()
+        return status()
+
+
+def status() -> Status:
+    """Current :class:`gptoss_patch.registry.Status` of this process (no side effects)."""
+    with _lock:
+        if _decision is None:
+            versions = environment.installed_versions()
+            return Status(False, [], None, "not activated in this process (vllm_ascend has not been imported)",
+                          None, False, versions.as_dict(), [])
+        patches = [PatchState(**vars(s)) for s in _registry.states.values()] if _registry else []
+        return Status(
+            activated=True,
+            sources=list(_sources),
+            decision=_decision.verdict,
+            reason=_decision.reason,
+            row=_decision.row.vllm_ascend if _decision.row else None,
+            forced=_decision.forced,
+            versions=_versions.as_dict() if _versions else {},
+            patches=patches,
+            gaps=[g.text for g in _decision.gaps],
+        )
+
+
+def _reset_for_tests() -> None:
+    """Forget the decision (patches are removed first). For unit tests only."""
+    global _decision, _versions, _registry
+    with _lock:
+        if _registry is not None:
+            _registry.remove_all()
+        _decision = _versions = _registry = None
+        _sources.clear()

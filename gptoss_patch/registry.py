@@ -1,0 +1,374 @@
+"""Patch records, their structural checks, and applying / removing them through ``wrapt``.
+
+A patch is declared once, in the module of its capability (:mod:`gptoss_patch.patches`), as a
+:class:`PatchSpec`: a *target key* (resolved per release by :data:`gptoss_patch.matrix.LAYOUTS`
+to ``module:qualname``), a ``wrapt`` wrapper ``(wrapped, instance, args, kwargs)``, the
+parameters the target must have, and the modules that import the target *by value* (those
+names are rebound too, ``upstream_targets.md`` §3.5).
+
+Two structural checks guard every patch:
+
+* :func:`static_check` reads the target's source with :mod:`ast` *without importing it*, so an
+  untested build can be judged before vllm-ascend runs (and its fingerprint compared with the
+  tested releases: sha256 of ``ast.get_source_segment`` of the def, the method of
+  ``shared/reference/upstream_fingerprints.json``);
+* :meth:`Registry.apply` re-checks the live object (attribute exists, named parameters present)
+  when the post-import hook fires, and applies all or nothing for that patch.
+
+Patterns: ``wrapt.resolve_path`` / ``wrapt.apply_patch`` / ``wrapt.FunctionWrapper`` (wrapt
+``patches.py``), post-import hooks (wrapt ``importer.py``), one marker per wrapper against double
+patching (ddtrace ``contrib/*/patch.py``).
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib.util
+import inspect
+import os
+import sys
+import threading
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+PENDING = "pending"
+APPLIED = "applied"
+SKIPPED = "skipped"
+FAILED = "failed"
+
+#: Attribute set on our FunctionWrapper objects; its value is the patch name.
+MARKER = "_gptoss_patch_name"
+
+
+@dataclass(frozen=True)
+class PatchSpec:
+    """Declaration of one patch.
+
+    Attributes:
+        name: stable name, ``"<capability>.<what>"``, e.g. ``"attention.keep_sinks"``.
+        target_key: key into the row's layout (:data:`gptoss_patch.matrix.LAYOUTS`).
+        wrapper: ``wrapt`` wrapper ``wrapper(wrapped, instance, args, kwargs) -> result``.
+        params: parameter names the target's signature must have; ``"**"`` means it must accept
+            ``**kwargs`` (the structural check).
+        absent_params: parameter names the target must *not* have (e.g. ``sinks``: a target that
+            already takes it is a natively supporting release, not ours to patch).
+        rebind_keys: layout keys of modules that bound the target's name by value.
+        summary: one line for ``verify``.
+    """
+
+    name: str
+    target_key: str
+    wrapper: Callable[..., Any]
+    params: tuple[str, ...] = ()
+    absent_params: tuple[str, ...] = ()
+    rebind_keys: tuple[str, ...] = ()
+    summary: str = ""
+
+
+@dataclass
+class PatchState:
+    """Per-patch status, as reported by :func:`gptoss_patch.status` and ``verify --json``."""
+
+    name: str
+    target: str
+    state: str = PENDING
+    reason: str = "waiting for the target module to be imported"
+    fingerprint: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def split_target(target: str) -> tuple[str, str]:
+    """Split ``"module:Qual.name"`` into ``("module", "Qual.name")``; ValueError when malformed."""
+    module, sep, qualname = target.partition(":")
+    if not sep or not module or not qualname:
+        raise ValueError(f"patch target {target!r} is not of the form 'package.module:Qualified.name'")
+    return module, qualname
+
+
+# ----------------------------------------------------------------------------------------------
+# Static structure (no import)
+# ----------------------------------------------------------------------------------------------
+
+def module_source_path(module: str) -> str | None:
+    """Path of ``module``'s ``.py`` file, found without importing ``module`` or its parents.
+
+    Only the top-level package's spec is asked for (which does not execute it); the rest of the
+    dotted path is followed on disk. Returns None when not found.
+    """
+    top, _, rest = module.partition(".")
+    try:
+        spec = importlib.util.find_spec(top) if top not in sys.modules else sys.modules[top].__spec__
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    roots = list(spec.submodule_search_locations or [])
+    if not rest:
+        return spec.origin
+    parts = rest.split(".")
+    for root in roots:
+        base = os.path.join(root, *parts)
+        for cand in (base + ".py", os.path.join(base, "__init__.py")):
+            if os.path.isfile(cand):
+                return cand
+    return None
+
+
+def _find_def(tree: ast.AST, qualname: str) -> ast.AST | None:
+    node: ast.AST = tree
+    for part in qualname.split("."):
+        found = None
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and child.name == part:
+                found = child  # last definition wins, as at run time
+            elif isinstance(child, ast.If):  # defs inside module-level if/else
+                for sub in ast.walk(child):
+                    if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and sub.name == part:
+                        found = sub
+        if found is None:
+            return None
+        node = found
+    return node
+
+
+def _ast_params(node: ast.AST) -> tuple[set[str], bool]:
+    args = node.args  # type: ignore[attr-defined]
+    names = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
+    if args.vararg:
+        names.add("*" + args.vararg.arg)
+    return names, args.kwarg is not None
+
+
+_SOURCE_CACHE: dict[str, tuple[str, ast.AST]] = {}
+
+
+def _parsed(path: str) -> tuple[str, ast.AST]:
+    hit = _SOURCE_CACHE.get(path)
+    if hit is None:
+        with open(path, encoding="utf-8") as fh:
+            source = fh.read()
+        hit = (source, ast.parse(source, filename=path))
+        _SOURCE_CACHE[path] = hit
+    return hit
+
+
+def fingerprint(target: str) -> str | None:
+    """sha256 of the target's source segment (the method of ``upstream_fingerprints.json``), or None if absent."""
+    module, qualname = split_target(target)
+    path = module_source_path(module)
+    if path is None:
+        return None
+    source, tree = _parsed(path)
+    node = _find_def(tree, qualname)
+    if node is None:
+        return None
+    segment = ast.get_source_segment(source, node) or ""
+    return hashlib.sha256(segment.encode("utf-8")).hexdigest()
+
+
+def check_params(names: set[str], has_var_kw: bool, spec: PatchSpec) -> list[str]:
+    """Problems with a target signature's parameter names against ``spec`` (empty = fine)."""
+    problems = []
+    for p in spec.params:
+        if p == "**":
+            if not has_var_kw:
+                problems.append("does not accept **kwargs")
+        elif p not in names:
+            problems.append(f"has no parameter {p!r}")
+    for p in spec.absent_params:
+        if p in names:
+            problems.append(f"already has parameter {p!r} (native support?)")
+    return problems
+
+
+def static_check(spec: PatchSpec, target: str) -> list[str]:
+    """Check ``target`` against ``spec`` by reading its source with :mod:`ast`; returns problems (empty = fine)."""
+    module, qualname = split_target(target)
+    path = module_source_path(module)
+    if path is None:
+        return [f"{target}: module {module} not found"]
+    try:
+        _, tree = _parsed(path)
+    except (OSError, SyntaxError, UnicodeDecodeError) as exc:
+        return [f"{target}: cannot read {path}: {exc}"]
+    node = _find_def(tree, qualname)
+    if node is None:
+        return [f"{target}: not defined in {path}"]
+    if isinstance(node, ast.ClassDef):
+        return []
+    names, var_kw = _ast_params(node)
+    return [f"{target} {p}" for p in check_params(names, var_kw, spec)]
+
+
+def runtime_check(spec: PatchSpec, obj: Any) -> list[str]:
+    """Check the live target object against ``spec``; returns problems (empty = fine)."""
+    if inspect.isclass(obj):
+        return []
+    func = obj.__func__ if isinstance(obj, (staticmethod, classmethod)) else obj
+    if not callable(func):
+        return [f"is not callable ({type(obj).__name__})"]
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError) as exc:
+        return [f"has no readable signature ({exc})"]
+    names = {p.name for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD}
+    var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+    return check_params(names, var_kw, spec)
+
+
+# ----------------------------------------------------------------------------------------------
+# Applying and removing
+# ----------------------------------------------------------------------------------------------
+
+@dataclass
+class _Applied:
+    parent: Any
+    attribute: str
+    original: Any
+    wrapper: Any
+    rebound: list[tuple[Any, str, Any]] = field(default_factory=list)
+
+
+class Registry:
+    """Holds the patches of one activation: their state, and what to undo on :meth:`remove_all`.
+
+    Thread-safe (one re-entrant lock). Never double-wraps: an attribute that already carries our
+    marker is left alone and reported as applied.
+    """
+
+    def __init__(self, specs: list[PatchSpec], layout: dict[str, str]):
+        self._lock = threading.RLock()
+        self.specs = {s.name: s for s in specs}
+        self.layout = layout
+        self.states: dict[str, PatchState] = {}
+        self._applied: dict[str, _Applied] = {}
+        self.enabled = True
+        for s in specs:
+            target = layout.get(s.target_key)
+            if target is None:
+                self.states[s.name] = PatchState(s.name, "-", SKIPPED,
+                                                 f"this release has no target {s.target_key!r}")
+            else:
+                self.states[s.name] = PatchState(s.name, target)
+
+    def target_modules(self) -> dict[str, list[str]]:
+        """``{module: [patch names]}`` for the post-import hooks, rebind modules included."""
+        out: dict[str, list[str]] = {}
+        for name, st in self.states.items():
+            if st.state == SKIPPED and st.target == "-":
+                continue
+            module, _ = split_target(st.target)
+            out.setdefault(module, []).append(name)
+            for key in self.specs[name].rebind_keys:
+                rmod = self.layout.get(key)
+                if rmod:
+                    out.setdefault(rmod, []).append(name)
+        return out
+
+    def on_import(self, module: Any) -> None:
+        """Post-import hook body: apply every pending patch whose target is in ``module``; rebind by-value names."""
+        with self._lock:
+            if not self.enabled:
+                return
+            for name, st in self.states.items():
+                spec = self.specs[name]
+                if st.target != "-" and split_target(st.target)[0] == module.__name__ and st.state == PENDING:
+                    self._apply(spec, st, module)
+                if name in self._applied:
+                    self._rebind(spec, self._applied[name], module)
+
+    def _apply(self, spec: PatchSpec, st: PatchState, module: Any) -> None:
+        import wrapt
+
+        _, qualname = split_target(st.target)
+        try:
+            parent, attribute, original = wrapt.resolve_path(module, qualname)
+        except AttributeError as exc:
+            st.state, st.reason = FAILED, f"target not found: {exc}"
+            return
+        if getattr(original, MARKER, None) == spec.name:
+            st.state, st.reason = APPLIED, "already wrapped"
+            return
+        problems = runtime_check(spec, original)
+        if problems:
+            st.state, st.reason = FAILED, "structural check failed: " + "; ".join(problems)
+            return
+        try:
+            st.fingerprint = fingerprint(st.target)
+        except Exception:  # noqa: BLE001 - a fingerprint is informative only
+            st.fingerprint = None
+        wrapper = wrapt.FunctionWrapper(original, spec.wrapper)
+        setattr(wrapper, MARKER, spec.name)
+        try:
+            wrapt.apply_patch(parent, attribute, wrapper)
+        except Exception as exc:  # noqa: BLE001 - record, never half-apply
+            st.state, st.reason = FAILED, f"could not set {st.target}: {exc}"
+            return
+        self._applied[spec.name] = _Applied(parent, attribute, original, wrapper)
+        st.state, st.reason = APPLIED, spec.summary or "applied"
+
+    def _rebind(self, spec: PatchSpec, applied: _Applied, module: Any) -> None:
+        for key in spec.rebind_keys:
+            if self.layout.get(key) != module.__name__:
+                continue
+            current = module.__dict__.get(applied.attribute)
+            if current is applied.original:
+                setattr(module, applied.attribute, applied.wrapper)
+                applied.rebound.append((module, applied.attribute, applied.original))
+
+    def remove_all(self) -> None:
+        """Restore every original object (and rebound names); patches become *skipped* ("deactivated")."""
+        with self._lock:
+            self.enabled = False
+            for name, ap in list(self._applied.items()):
+                for mod, attr, orig in ap.rebound:
+                    if mod.__dict__.get(attr) is ap.wrapper:
+                        setattr(mod, attr, orig)
+                if ap.parent.__dict__.get(ap.attribute) is ap.wrapper or getattr(ap.parent, ap.attribute, None) is ap.wrapper:
+                    setattr(ap.parent, ap.attribute, ap.original)
+                del self._applied[name]
+            for st in self.states.values():
+                if st.state in (APPLIED, PENDING):
+                    st.state, st.reason = SKIPPED, "deactivated"
+
+
+@dataclass
+class Status:
+    """What gptoss-patch decided and did in this process (``gptoss_patch.status()``, ``verify --json``).
+
+    Attributes:
+        activated: ``activate()`` ran in this process.
+        sources: who called it (``"import-hook"`` for the ``.pth``, ``"vllm-plugin"``, ``"api"``, ...).
+        decision: ``apply`` / ``stand-down`` / ``refuse``, or None before activation.
+        reason: one sentence explaining the decision.
+        row: the matrix row (vllm-ascend release) the decision rests on, or None.
+        forced: ``GPTOSS_PATCH_FORCE=1`` overrode a refusal.
+        versions: installed versions (:class:`gptoss_patch.environment.Versions` as a dict).
+        patches: one :class:`PatchState` per patch the row needs.
+        gaps: for stand-down, GPT-OSS gaps still open upstream in that release.
+    """
+
+    activated: bool
+    sources: list[str]
+    decision: str | None
+    reason: str
+    row: str | None
+    forced: bool
+    versions: dict
+    patches: list[PatchState]
+    gaps: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when the stack is covered: *apply* with every patch applied, or *stand-down*."""
+        if self.decision == "stand-down":
+            return True
+        return self.decision == "apply" and bool(self.patches) and all(p.state == APPLIED for p in self.patches)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d

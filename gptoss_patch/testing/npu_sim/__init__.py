@@ -1,0 +1,170 @@
+"""CPU simulator of ``torch_npu`` and ``torchair``, so the real vllm-ascend runs on a host without an NPU.
+
+:func:`install` puts simulated ``torch_npu`` (with ``torch_npu.npu``, ``torch_npu._C``, ...) and
+``torchair`` module objects into :data:`sys.modules`, renames PyTorch's PrivateUse1 backend to
+``"npu"`` and registers ``torch.npu`` as the same namespace as ``torch_npu.npu`` (as the real
+torch_npu does at import), so that the real ``vllm`` and ``vllm_ascend`` import and vLLM's platform
+resolves to vllm-ascend's ``NPUPlatform``.
+
+Rules (``shared/reference/simulator_notes.md``, ``npu_ops.md`` §10b):
+
+* Every emulated operator lives in :mod:`gptoss_patch.testing.npu_sim.ops` and implements the
+  operator's documented semantics, with the source cited in its docstring.
+* Any other attribute is a :class:`~gptoss_patch.testing.npu_sim._base.NotEmulated` sentinel:
+  importing it works, *calling* it raises :class:`NotEmulatedError` naming ``torch_npu.X``.
+  Nothing returns made-up values; there is no ``MagicMock``.
+* It installs only when asked - by tests, by ``verify --simulate``, or process-wide through
+  ``GPTOSS_PATCH_SIMULATE_NPU=1`` (honoured by the ``.pth`` start-up hook in every interpreter,
+  because vLLM inspects models in child interpreters and starts worker processes) - and it
+  refuses when a real ``torch_npu`` is importable, unless forced.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+import threading
+import types
+from typing import Any
+
+from gptoss_patch.testing.npu_sim._base import NotEmulated, NotEmulatedError, sim_module
+
+__all__ = ["install", "is_installed", "NotEmulatedError", "SimulatorRefused", "find_spec"]
+
+_lock = threading.RLock()
+_installed = False
+
+
+class SimulatorRefused(RuntimeError):
+    """A real ``torch_npu`` is installed; the simulator would shadow it. Pass ``force=True`` to override."""
+
+
+def is_installed() -> bool:
+    """True when the simulated modules are in :data:`sys.modules`."""
+    mod = sys.modules.get("torch_npu")
+    return bool(mod is not None and getattr(mod, "__gptoss_simulator__", False))
+
+
+def _real_torch_npu_origin() -> str | None:
+    spec = importlib.machinery.PathFinder.find_spec("torch_npu")
+    return spec.origin if spec is not None else None
+
+
+def _build_modules() -> dict[str, types.ModuleType]:
+    from gptoss_patch.testing.npu_sim import device, graph, ops
+
+    mods: dict[str, types.ModuleType] = {}
+
+    def add(name: str, attrs: dict[str, Any] | None = None) -> types.ModuleType:
+        mods[name] = sim_module(name, attrs)
+        parent, _, child = name.rpartition(".")
+        if parent:
+            setattr(mods[parent], child, mods[name])
+        return mods[name]
+
+    npu_attrs = {k: getattr(device, k) for k in (
+        "Stream", "Event", "current_stream", "default_stream", "set_stream", "stream", "current_device",
+        "device_count", "is_available", "set_device", "device", "synchronize", "get_device_name",
+        "get_soc_version", "mem_get_info", "empty_cache", "set_compile_mode", "config")}
+    npu_attrs.update(graph.NAMESPACE)
+
+    add("torch_npu", {"__version__": "2.7.1+gptoss.sim", **ops.OPS})
+    add("torch_npu.npu", npu_attrs)
+    add("torch_npu.npu.streams", {"Stream": device.Stream, "Event": device.Event,
+                                  "ExternalEvent": graph.ExternalEvent})
+    add("torch_npu.npu.graphs", dict(graph.NAMESPACE))
+    add("torch_npu.npu.memory")
+    add("torch_npu.npu.utils", {"get_soc_version": device.get_soc_version})
+    add("torch_npu._C", {"_npu_get_soc_version": device.get_soc_version,
+                         "_NPUTaskGroupHandle": graph.TaskGroupHandle})
+    add("torch_npu._C._distributed_c10d")
+    add("torch_npu.profiler")
+    add("torch_npu.profiler.dynamic_profile")
+    add("torch_npu._inductor")
+    add("torch_npu.op_plugin")
+    add("torch_npu.op_plugin.atb")
+    add("torch_npu.op_plugin.atb._atb_ops")
+    add("torch_npu.contrib")
+    add("torch_npu.dynamo")
+    add("torch_npu.utils")
+    add("torchair")
+    for sub in ("scope", "ops", "ge", "inference", "core", "configs", "_ge_concrete_graph"):
+        add(f"torchair.{sub}")
+    return mods
+
+
+def install(force: bool = False) -> types.ModuleType:
+    """Install the simulated ``torch_npu`` and ``torchair`` into this interpreter; idempotent.
+
+    Args:
+        force: install even when a real ``torch_npu`` is importable (it is then shadowed).
+
+    Returns:
+        The simulated ``torch_npu`` module.
+
+    Raises:
+        SimulatorRefused: a real ``torch_npu`` is importable (or already imported) and ``force`` is False.
+        RuntimeError: PyTorch's PrivateUse1 backend was already renamed to something other than ``npu``.
+    """
+    global _installed
+    with _lock:
+        if _installed:
+            return sys.modules["torch_npu"]
+        existing = sys.modules.get("torch_npu")
+        if existing is not None and not getattr(existing, "__gptoss_simulator__", False) and not force:
+            raise SimulatorRefused("a real torch_npu is already imported; the NPU simulator will not replace it")
+        origin = _real_torch_npu_origin()
+        if origin is not None and not force:
+            raise SimulatorRefused(f"a real torch_npu is installed ({origin}); the NPU simulator only installs on "
+                                   "hosts without one (use force=True to shadow it)")
+        import torch
+
+        mods = _build_modules()
+        for name, mod in mods.items():
+            mod.__spec__ = importlib.machinery.ModuleSpec(name, _SimLoader(), is_package=True)
+            mod.__loader__ = mod.__spec__.loader
+            sys.modules[name] = mod
+        backend = torch._C._get_privateuse1_backend_name()
+        if backend != "npu":
+            if backend != "privateuseone":
+                raise RuntimeError(f"PyTorch's PrivateUse1 backend is already named {backend!r}; cannot simulate 'npu'")
+            torch.utils.rename_privateuse1_backend("npu")
+        if not hasattr(torch, "npu") or getattr(torch.npu, "__gptoss_simulator__", False) is False:
+            try:
+                torch._register_device_module("npu", mods["torch_npu.npu"])
+            except RuntimeError:
+                torch.npu = mods["torch_npu.npu"]  # type: ignore[attr-defined]
+        _installed = True
+        return mods["torch_npu"]
+
+
+class _SimLoader(importlib.abc.Loader):
+    """Loader that hands out the prebuilt simulated module objects."""
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        mod = sys.modules.get(spec.name)
+        if mod is None or not getattr(mod, "__gptoss_simulator__", False):
+            # a submodule we did not prebuild (e.g. torch_npu.some.thing): an empty simulated module
+            mod = sim_module(spec.name)
+        return mod
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        parent, _, child = module.__name__.rpartition(".")
+        if parent and parent in sys.modules:
+            setattr(sys.modules[parent], child, module)
+
+
+def find_spec(fullname: str) -> importlib.machinery.ModuleSpec | None:
+    """Meta-path hook used by the start-up finder (``GPTOSS_PATCH_SIMULATE_NPU=1``).
+
+    Installs the simulator on first use (raising :class:`SimulatorRefused` as :func:`install`
+    does) and returns a spec that serves the simulated module ``fullname``.
+    """
+    install()
+    return importlib.machinery.ModuleSpec(fullname, _SimLoader(), is_package=True)
+
+
+# Re-exported for callers that check for the sentinel type.
+NotEmulated = NotEmulated

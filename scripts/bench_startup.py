@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Benchmark: start-up time that the installed ``gptoss_patch.pth`` adds to ``python -c pass``.
+
+Builds two throw-away virtual environments from the same interpreter (``--without-pip``): A is bare,
+B is A plus gptoss-patch's package directory, byte-compiled as pip does, and its ``.pth`` (what the wheel
+installs), then
+runs ``python -c pass`` in each, alternating A/B, ``--runs`` times (default 40), and prints the
+median and the difference. Goal: <= 1 ms. Usage: ``python scripts/bench_startup.py [--runs N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_venv(path: Path) -> tuple[Path, Path]:
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    py = path / "bin" / "python"
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             check=True, capture_output=True, text=True).stdout.strip()
+    return py, Path(purelib)
+
+
+def run_once(py: Path, env: dict) -> float:
+    t0 = time.perf_counter()
+    subprocess.run([str(py), "-c", "pass"], check=True, env=env)
+    return time.perf_counter() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=40, help="runs per side (>= 30 recommended)")
+    args = ap.parse_args()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPTOSS_PATCH_") and k != "PYTHONPATH"}
+    with tempfile.TemporaryDirectory() as tmp:
+        py_a, _ = make_venv(Path(tmp) / "bare")
+        py_b, site_b = make_venv(Path(tmp) / "patched")
+        shutil.copytree(ROOT / "gptoss_patch", site_b / "gptoss_patch",
+                        ignore=shutil.ignore_patterns("testing", "__pycache__"))
+        shutil.copy(ROOT / "gptoss_patch.pth", site_b / "gptoss_patch.pth")
+        # pip byte-compiles what it installs (compileall), whatever PYTHONDONTWRITEBYTECODE says; do the same
+        subprocess.run([str(py_b), "-m", "compileall", "-q", str(site_b / "gptoss_patch")], check=True)
+        for py in (py_a, py_b):  # warm up, and byte-compile
+            for _ in range(3):
+                run_once(py, env)
+        a, b = [], []
+        for _ in range(args.runs):
+            a.append(run_once(py_a, env))
+            b.append(run_once(py_b, env))
+    ma, mb = statistics.median(a) * 1e3, statistics.median(b) * 1e3
+    print(f"python -c pass, {args.runs} runs each, alternating ({sys.version.split()[0]})")
+    print(f"  without gptoss_patch.pth: median {ma:.2f} ms")
+    print(f"  with    gptoss_patch.pth: median {mb:.2f} ms")
+    print(f"  added by the .pth:        {mb - ma:+.2f} ms (goal <= 1 ms)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
