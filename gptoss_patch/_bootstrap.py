@@ -14,7 +14,8 @@ is held to three rules:
 Environment variables (read once, at start-up):
 
 ``GPTOSS_PATCH_DISABLE``
-    ``1``/``true``/``yes``/``on``: do nothing at all in this process tree.
+    ``1``/``true``/``yes``/``on``: no activation, no patch, in this process tree (the simulator
+    switch below still works, so tests can run upstream's unpatched code on the simulator).
 ``GPTOSS_PATCH_SIMULATE_NPU``
     ``1``: make ``torch_npu`` and ``torchair`` resolve to the CPU NPU simulator
     (:mod:`gptoss_patch.testing.npu_sim`) in this interpreter and every child that inherits the
@@ -126,10 +127,10 @@ def install():
         return
     _installed = True
     try:
+        if _flag("GPTOSS_PATCH_SIMULATE_NPU"):  # a test facility, independent of the patches
+            sys.meta_path.insert(0, _SimulatedNPUFinder())
         if _flag("GPTOSS_PATCH_DISABLE"):
             return
-        if _flag("GPTOSS_PATCH_SIMULATE_NPU"):
-            sys.meta_path.insert(0, _SimulatedNPUFinder())
         if "vllm_ascend" in sys.modules:  # e.g. install() called late by an embedding app
             import gptoss_patch
 

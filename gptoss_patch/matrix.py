@@ -95,7 +95,7 @@ ROWS: tuple[Row, ...] = (
     Row("0.11.0rc0", "0.11.0rc3", "2.7.1", "2.7.1.dev20250724", "8.2.RC1", REFUSE, None, False,
         "different architecture (Attention class replaced wholesale, MoE method monkey-patched onto vLLM's)"),
     Row("0.11.0", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", True,
-        "sinks, sliding window, swigluoai, biases and graph update patched"),
+        "GPT-OSS patches applied (see verify for the list)"),
 )
 
 #: From this vllm-ascend release on, GPT-OSS is supported natively (commit 7221045777, PR #5901).

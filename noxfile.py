@@ -1,0 +1,166 @@
+"""nox sessions: ``unit``, one ``cell-<release>`` per tested row of the version matrix, ``tests``, ``demo``.
+
+* ``nox -s tests`` runs ``unit`` and every cell (what CI runs).
+* ``nox -s cell-0.11.0`` builds (or reuses) a virtual environment with the local CPU torch, the real
+  ``vllm`` and ``vllm-ascend`` wheels of that row installed with ``--no-deps`` (their torch pins
+  conflict with each other and with the CPU build), the packages they need at import time, and
+  gptoss-patch installed from this checkout as a wheel (so its ``.pth`` is the real one), then runs
+  ``tests/cell`` with ``GPTOSS_CELL=<release>``.
+* ``nox -s demo`` is the main job: ``python -m gptoss_patch.verify --simulate`` in the 0.11.0 cell.
+
+Virtual environments are cached between runs on the same machine under
+``$GPTOSS_PATCH_VENV_CACHE`` (default ``~/.cache/gptoss-patch/venvs``), keyed by a hash of
+everything installed into them except gptoss-patch itself, which is reinstalled every run.
+The cells to run come from the same table as the runtime decision (:mod:`gptoss_patch.matrix`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+from gptoss_patch import matrix  # noqa: E402
+
+nox.options.sessions = ["tests"]
+nox.options.default_venv_backend = "none"
+
+CACHE = Path(os.environ.get("GPTOSS_PATCH_VENV_CACHE", Path.home() / ".cache" / "gptoss-patch" / "venvs"))
+
+#: The CPU build of torch that lies on this machine kind's disk (see DEVELOPERS.md).
+TORCH = "torch==2.13.0"
+
+#: What the tests themselves need.
+TEST_DEPS = ["pytest>=8", "hypothesis>=6.100", "pytest-benchmark>=4"]
+
+#: Reference and checkpoint tooling (transformers is the numerical oracle).
+REFERENCE_DEPS = ["safetensors", "openai-harmony", "tiktoken", "quicktok-v1"]
+
+#: Packages vLLM 0.11.0 and vllm-ascend 0.11.0 import (shared/reference/simulator_notes.md, checked by
+#: importing every patched module in the cell).
+VLLM_011_IMPORT_DEPS = [
+    "regex", "cachetools", "psutil", "sentencepiece", "numpy<2", "requests", "tqdm", "blake3", "py-cpuinfo",
+    "transformers==4.57.1", "protobuf", "fastapi[standard]", "aiohttp", "openai", "pydantic", "prometheus_client",
+    "pillow", "prometheus-fastapi-instrumentator", "tiktoken", "msgspec", "gguf", "pyzmq", "cloudpickle", "einops",
+    "compressed-tensors==0.11.0", "cbor2", "pybase64", "setproctitle", "openai-harmony", "partial-json-parser",
+    "diskcache", "lark", "watchfiles", "python-json-logger", "scipy", "decorator", "pyyaml",
+]
+
+#: Per cell: the upstream wheels (installed --no-deps) and their import-time dependencies.
+CELLS: dict[str, dict[str, list[str]]] = {
+    "0.11.0": {"no_deps": ["vllm==0.11.0", "vllm-ascend==0.11.0"], "deps": VLLM_011_IMPORT_DEPS},
+}
+
+#: Host-only unit tests: no vllm.
+UNIT_DEPS = [TORCH, "transformers==4.57.1", "numpy<2", *REFERENCE_DEPS, *TEST_DEPS, "nox"]
+
+
+def _pip(py: Path, *args: str) -> None:
+    subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args], check=True)
+
+
+def cached_venv(session: nox.Session, name: str, steps: list[list[str]]) -> Path:
+    """Create (or reuse) the cached venv ``name`` built by the pip ``steps``; returns its python."""
+    key = hashlib.sha256(json.dumps([sys.version, steps]).encode()).hexdigest()[:12]
+    path = CACHE / f"{name}-{key}"
+    py = path / "bin" / "python"
+    stamp = path / ".complete"
+    t0 = time.monotonic()
+    if stamp.exists():
+        session.log(f"reusing cached venv {path}")
+    else:
+        shutil.rmtree(path, ignore_errors=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        session.log(f"building venv {path}")
+        subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+        for step in steps:
+            _pip(py, *step)
+        stamp.write_text(json.dumps(steps))
+        session.log(f"venv {name} built in {time.monotonic() - t0:.0f} s")
+    return py
+
+
+def install_self(session: nox.Session, py: Path) -> None:
+    """Install gptoss-patch from this checkout as a wheel (with its .pth), replacing any earlier copy."""
+    _pip(py, "--no-deps", "--force-reinstall", str(ROOT))
+    _pip(py, "wrapt>=1.16", "packaging>=23")
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPTOSS_PATCH_") or k == "GPTOSS_PATCH_VENV_CACHE"}
+    env.update(extra)
+    return env
+
+
+def _pytest(session: nox.Session, py: Path, *args: str, env: dict[str, str]) -> None:
+    session.run(str(py), "-m", "pytest", "-p", "no:cacheprovider", *args, *session.posargs, external=True, env=env)
+
+
+@nox.session
+def unit(session: nox.Session) -> None:
+    """Unit tests that need no upstream wheels (decision table, bootstrap, registry, simulator, kernels)."""
+    t0 = time.monotonic()
+    py = cached_venv(session, "unit", [[TORCH], [x for x in UNIT_DEPS if x != TORCH]])
+    install_self(session, py)
+    session.log(f"unit venv ready in {time.monotonic() - t0:.0f} s")
+    _pytest(session, py, "tests/unit", "-q", env=_clean_env())
+
+
+def _cell(release: str):
+    spec = CELLS[release]
+
+    def cell(session: nox.Session) -> None:
+        t0 = time.monotonic()
+        py = cell_python(session, release)
+        build = time.monotonic() - t0
+        session.log(f"cell {release}: environment ready in {build:.0f} s")
+        t1 = time.monotonic()
+        _pytest(session, py, "tests/cell", "-q", env=_clean_env(GPTOSS_CELL=release))
+        session.log(f"cell {release}: environment {build:.0f} s, tests {time.monotonic() - t1:.0f} s")
+
+    cell.__doc__ = f"Suite against the real vllm-ascend {release} wheels ({', '.join(spec['no_deps'])})."
+    return cell
+
+
+def cell_python(session: nox.Session, release: str) -> Path:
+    """The python of the (cached) venv of cell ``release``, with gptoss-patch freshly installed."""
+    spec = CELLS[release]
+    steps = [[TORCH], ["--no-deps", *spec["no_deps"]], [*spec["deps"], *REFERENCE_DEPS, *TEST_DEPS]]
+    py = cached_venv(session, f"cell-{release}", steps)
+    install_self(session, py)
+    return py
+
+
+_tested = [r.vllm_ascend for r in matrix.ROWS if r.tested]
+_missing = [r for r in _tested if r not in CELLS]
+if _missing:
+    raise RuntimeError(f"matrix rows marked tested without a cell definition in noxfile.py: {_missing}")
+for _release in _tested:
+    nox.session(name=f"cell-{_release}")(_cell(_release))
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """Everything CI runs: the unit tests and every matrix cell."""
+    session.notify("unit")
+    for release in _tested:
+        session.notify(f"cell-{release}")
+
+
+@nox.session
+def demo(session: nox.Session) -> None:
+    """The main job: the simulated GPT-OSS run through patched vllm-ascend 0.11.0, with verify."""
+    t0 = time.monotonic()
+    py = cell_python(session, "0.11.0")
+    session.run(str(py), "-m", "gptoss_patch.verify", "--simulate", *session.posargs, external=True,
+                env=_clean_env())
+    session.log(f"demo finished in {time.monotonic() - t0:.0f} s")

@@ -1,0 +1,147 @@
+"""Issue 2 in a real cell: activation through the .pth, the vLLM plugin, spawn and fork children, DISABLE,
+and the first real patch (AscendAttentionBackendImpl keeps ``sinks``)."""
+
+import json
+import multiprocessing
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import run_python
+
+IMPL_ARGS = "8, 64, 0.125, 1, None, 128, 'auto', None, 'decoder', None"
+
+CHILD = f"""
+import json, torch, gptoss_patch
+import vllm_ascend.attention.attention_v1 as aa
+sinks = torch.nn.Parameter(torch.randn(8, dtype=torch.bfloat16), requires_grad=False)
+impl = aa.AscendAttentionBackendImpl({IMPL_ARGS}, sinks=sinks)
+s = gptoss_patch.status()
+print("RESULT " + json.dumps({{"status": s.as_dict(), "kept": getattr(impl, "sinks", "MISSING") is sinks,
+                              "has_attr": hasattr(impl, "sinks")}}))
+"""
+
+
+def _result(proc: subprocess.CompletedProcess) -> dict:
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise AssertionError(f"child gave no result (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
+
+
+def test_fresh_interpreter_applies_and_keeps_sinks(cell):
+    res = _result(run_python(CHILD))
+    st = res["status"]
+    assert st["decision"] == "apply" and st["row"] == cell and st["ok"]
+    assert st["sources"] == ["import-hook"]
+    assert [(p["name"], p["state"]) for p in st["patches"]] == [("attention.keep_sinks", "applied")]
+    assert res["kept"] is True
+
+
+def test_disable_leaves_upstream_untouched_and_upstream_drops_sinks():
+    res = _result(run_python(CHILD, GPTOSS_PATCH_DISABLE="1"))
+    assert res["status"]["activated"] is False and res["status"]["patches"] == []
+    assert res["has_attr"] is False  # the real upstream bug: sinks vanish into **kwargs
+
+
+WRAP_LAYERS = """
+import json, gptoss_patch, wrapt
+{first}
+import vllm_ascend.attention.attention_v1 as aa
+{then}
+init = aa.AscendAttentionBackendImpl.__dict__["__init__"]
+layers = 0
+while isinstance(init, wrapt.FunctionWrapper):
+    layers += 1
+    init = init.__wrapped__
+s = gptoss_patch.status()
+print("RESULT " + json.dumps({{"sources": s.sources, "layers": layers, "ok": s.ok}}))
+"""
+
+
+def test_plugin_then_pth_wraps_once():
+    # the entry point called before anything imports vllm_ascend, then the .pth finder fires on the import
+    res = _result(run_python(WRAP_LAYERS.format(first="from gptoss_patch import plugin; plugin.register()",
+                                                then="")))
+    assert res["sources"] == ["vllm-plugin", "import-hook"]
+    assert res["layers"] == 1 and res["ok"]
+
+
+def test_vllm_loads_our_general_plugin_and_it_wraps_once():
+    # vLLM's own loader finds the vllm.general_plugins entry point of the installed wheel
+    res = _result(run_python(WRAP_LAYERS.format(
+        first="", then="from vllm.plugins import load_general_plugins; load_general_plugins()")))
+    assert res["sources"] == ["import-hook", "vllm-plugin"]
+    assert res["layers"] == 1 and res["ok"]
+
+
+def _child_builds_impl(queue):
+    import torch
+
+    import gptoss_patch
+    import vllm_ascend.attention.attention_v1 as aa
+
+    sinks = torch.randn(8)
+    impl = aa.AscendAttentionBackendImpl(8, 64, 0.125, 1, None, 128, "auto", None, "decoder", None, sinks=sinks)
+    queue.put({"kept": getattr(impl, "sinks", None) is sinks, "decision": gptoss_patch.status().decision,
+               "states": [p.state for p in gptoss_patch.status().patches]})
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork"])
+def test_multiprocessing_children_are_patched(method):
+    import vllm_ascend.attention.attention_v1  # noqa: F401 - activates in this process (fork inherits it)
+
+    ctx = multiprocessing.get_context(method)
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child_builds_impl, args=(queue,))
+    proc.start()
+    res = queue.get(timeout=600)
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert res == {"kept": True, "decision": "apply", "states": ["applied"]}
+
+
+def test_layer_without_sinks_gets_none_and_bad_sinks_are_rejected_naming_the_layer():
+    import vllm_ascend.attention.attention_v1 as aa
+
+    impl = aa.AscendAttentionBackendImpl(8, 64, 0.125, 1, None, None, "auto", None, "decoder", None)
+    assert impl.sinks is None
+    with pytest.raises(ValueError, match=r"num_heads=8.*sliding_window=128.*shape \[8\].*got \[16\]"):
+        aa.AscendAttentionBackendImpl(8, 64, 0.125, 1, None, 128, "auto", None, "decoder", None,
+                                      sinks=torch.zeros(16))
+    with pytest.raises(TypeError, match="floating point"):
+        aa.AscendAttentionBackendImpl(8, 64, 0.125, 1, None, 128, "auto", None, "decoder", None,
+                                      sinks=torch.zeros(8, dtype=torch.int32))
+
+
+def test_status_and_verify_json_agree():
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--json"], capture_output=True, text=True,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(proc.stdout)
+    fresh = _result(run_python(CHILD))["status"]
+    for key in ("decision", "reason", "row", "versions", "ok"):
+        assert report["status"][key] == fresh[key], key
+    assert [(p["name"], p["target"], p["state"], p["fingerprint"]) for p in report["status"]["patches"]] == \
+        [(p["name"], p["target"], p["state"], p["fingerprint"]) for p in fresh["patches"]]
+    for child in report["children"].values():
+        assert child["ok"] and child["decision"] == "apply"
+
+
+def test_verify_exit_status_when_stack_not_covered(tmp_path):
+    # vllm-ascend invisible to importlib.metadata and to import: verify must say so plainly and exit 1
+    code = ("import sys, importlib.metadata as md\n"
+            "orig = md.version\n"
+            "def version(name):\n"
+            "    if name == 'vllm-ascend': raise md.PackageNotFoundError(name)\n"
+            "    return orig(name)\n"
+            "md.version = version\n"
+            "from gptoss_patch import verify\n"
+            "sys.exit(verify.main(['--no-children']))\n")
+    proc = run_python(code)
+    assert proc.returncode == 1
+    assert "vllm-ascend is not installed" in proc.stdout
+    usage = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--bogus"], capture_output=True, text=True)
+    assert usage.returncode == 2

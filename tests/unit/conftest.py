@@ -1,0 +1,35 @@
+"""Shared fixtures of the unit tests (no upstream wheels needed)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def clean_env(**extra):
+    """The environment without any GPTOSS_PATCH_* variable, plus ``extra``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPTOSS_PATCH_")}
+    env.update(extra)
+    return env
+
+
+@pytest.fixture
+def bare_site(tmp_path):
+    """A fresh venv (no pip) whose site-packages holds a copy of gptoss_patch and its .pth, as the wheel installs.
+
+    Returns (python, site_packages). Tests may edit the copy (fault injection) without touching the checkout.
+    """
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               check=True, capture_output=True, text=True).stdout.strip())
+    shutil.copytree(ROOT / "gptoss_patch", site / "gptoss_patch", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "gptoss_patch.pth", site / "gptoss_patch.pth")
+    return py, site

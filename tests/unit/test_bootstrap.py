@@ -1,0 +1,96 @@
+"""The .pth start-up hook: costs nothing, never breaks start-up, honours GPTOSS_PATCH_DISABLE, fires on vllm_ascend."""
+
+import subprocess
+import sys
+
+from conftest import clean_env
+
+HEAVY = ("wrapt", "importlib.metadata", "vllm", "vllm_ascend", "torch", "packaging")
+
+
+def run(py, code, **env):
+    return subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=clean_env(**env), timeout=60)
+
+
+def test_pth_imports_nothing_heavy_at_start_up(bare_site):
+    py, _ = bare_site
+    proc = subprocess.run([str(py), "-X", "importtime", "-c", "pass"], capture_output=True, text=True,
+                          env=clean_env(), timeout=60)
+    names = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
+    assert "gptoss_patch._bootstrap" in names  # the .pth is live
+    imported_heavy = [n for n in names if n.split(".")[0] in {h.split(".")[0] for h in HEAVY} and
+                      any(n == h or n.startswith(h + ".") for h in HEAVY)]
+    assert imported_heavy == []
+
+
+def test_finder_installed_and_waiting(bare_site):
+    py, _ = bare_site
+    proc = run(py, "import sys; print([type(f).__name__ for f in sys.meta_path])")
+    assert "_ActivateOnImport" in proc.stdout and proc.stderr == ""
+
+
+def test_disable_means_nothing_happens(bare_site):
+    py, _ = bare_site
+    proc = run(py, "import sys; print([type(f).__name__ for f in sys.meta_path])", GPTOSS_PATCH_DISABLE="1")
+    assert "_ActivateOnImport" not in proc.stdout and proc.returncode == 0 and proc.stderr == ""
+
+
+def test_fault_inside_the_bootstrap_never_breaks_start_up(bare_site):
+    py, site = bare_site
+    boot = site / "gptoss_patch" / "_bootstrap.py"
+    src = boot.read_text()
+    needle = '        if _flag("GPTOSS_PATCH_SIMULATE_NPU"):'
+    assert needle in src
+    boot.write_text(src.replace(needle, '        raise RuntimeError("injected fault")\n' + needle))
+    proc = run(py, "print(1)")
+    assert proc.returncode == 0 and proc.stdout == "1\n"
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "injected fault" in lines[0] and lines[0].startswith("gptoss-patch:")
+
+
+def test_bad_environment_value_is_one_line_naming_the_variable(bare_site):
+    py, _ = bare_site
+    proc = run(py, "print(1)", GPTOSS_PATCH_DISABLE="maybe")
+    assert proc.returncode == 0 and proc.stdout == "1\n"
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and "GPTOSS_PATCH_DISABLE='maybe'" in lines[0]
+
+
+def test_first_import_of_vllm_ascend_activates(bare_site, tmp_path):
+    py, _ = bare_site
+    fake = tmp_path / "src" / "vllm_ascend"  # a package named vllm_ascend, without any distribution metadata
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    code = ("import gptoss_patch, json; assert not gptoss_patch.status().activated; import vllm_ascend; "
+            "s = gptoss_patch.status(); print(json.dumps([s.activated, s.sources, s.decision, s.reason]))")
+    import json
+    import os
+
+    import packaging
+    import wrapt
+
+    import shutil
+
+    deps = tmp_path / "deps"  # only the two runtime dependencies, not the test environment's site-packages
+    for m in (packaging, wrapt):
+        shutil.copytree(os.path.dirname(m.__file__), deps / m.__name__)
+    path = os.pathsep.join([str(tmp_path / "src"), str(deps)])
+    proc = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=clean_env(PYTHONPATH=path),
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+    activated, sources, decision, reason = json.loads(proc.stdout)
+    assert activated and sources == ["import-hook"] and decision == "refuse"
+    assert "vllm-ascend is not installed" in reason
+
+
+def test_activation_failure_inside_the_hook_does_not_break_the_import(bare_site, tmp_path):
+    py, site = bare_site
+    (site / "gptoss_patch" / "_activation.py").write_text("raise ImportError('activation module broken')\n")
+    fake = tmp_path / "src" / "vllm_ascend"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("VALUE = 7\n")
+    proc = subprocess.run([str(py), "-c", "import vllm_ascend; print(vllm_ascend.VALUE)"], capture_output=True,
+                          text=True, env=clean_env(PYTHONPATH=str(tmp_path / "src")), timeout=60)
+    assert proc.returncode == 0 and proc.stdout == "7\n"
+    assert len(proc.stderr.splitlines()) == 1 and "activation module broken" in proc.stderr

@@ -1,0 +1,117 @@
+"""The version-matrix decision (issue 2 acceptance: 0.11.0, a local build, 0.15.0rc1, 0.23.0, 0.10.2rc1,
+0.11.0rc0, unparsable versions, vllm-ascend missing, vllm missing)."""
+
+import pytest
+
+from gptoss_patch import matrix
+from gptoss_patch.matrix import APPLY, REFUSE, STAND_DOWN, decide
+
+
+def compatible(row):
+    return []
+
+
+def incompatible(row):
+    return ["vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.__init__ does not accept **kwargs"]
+
+
+def test_tested_release_applies_exactly():
+    d = decide("0.11.0", "0.11.0", structural_check=incompatible)  # the check is not consulted for an exact row
+    assert d.verdict == APPLY and d.exact and d.row.vllm_ascend == "0.11.0"
+    assert "tested release" in d.reason
+
+
+def test_local_build_maps_to_nearest_tested_row_when_structurally_compatible():
+    d = decide("0.11.0rc1.dev449+gc9b64052e", "0.11.3.dev0+g275de3417", structural_check=compatible)
+    assert d.verdict == APPLY and not d.exact
+    assert d.row.vllm_ascend == "0.11.0"
+    assert "untested build" in d.reason and "structurally compatible with 0.11.0" in d.reason
+
+
+def test_local_build_refused_when_a_target_differs():
+    d = decide("0.11.0rc1.dev449+gc9b64052e", "0.11.3.dev0+g275de3417", structural_check=incompatible)
+    assert d.verdict == REFUSE
+    assert "structurally different from 0.11.0" in d.reason and "**kwargs" in d.reason
+    assert d.structural_failures
+
+
+def test_local_build_without_a_structural_check_is_refused():
+    d = decide("0.11.0rc1.dev449+gc9b64052e", "0.11.3.dev0+g275de3417")
+    assert d.verdict == REFUSE and "not checked" in d.reason
+
+
+def test_unpaired_vllm_needs_the_structural_check():
+    d = decide("0.11.0", "0.12.0", structural_check=compatible)
+    assert d.verdict == APPLY and not d.exact and "tested pairing: vllm 0.11.0" in d.reason
+    assert decide("0.11.0", "0.12.0", structural_check=incompatible).verdict == REFUSE
+
+
+@pytest.mark.parametrize("version", ["0.15.0rc1", "0.15.0", "0.23.0"])
+def test_native_releases_stand_down(version):
+    d = decide(version, "0.15.0")
+    assert d.verdict == STAND_DOWN
+    assert "supports GPT-OSS natively" in d.reason and "no longer need" in d.reason
+
+
+def test_stand_down_lists_the_gaps_still_open_in_that_release():
+    early = {g.text for g in decide("0.15.0rc1", "0.15.0").gaps}
+    late = {g.text for g in decide("0.23.0", "0.23.0").gaps}
+    assert any("graphs capture GPT-OSS attention without sinks" in g for g in early)
+    assert not any("graphs capture GPT-OSS attention without sinks" in g for g in late)  # fixed in 0.20.2rc1
+    assert any("129 keys" in g for g in late)  # still open upstream
+
+
+def test_older_series_is_refused_naming_the_supported_releases():
+    d = decide("0.10.2rc1", "0.10.2", structural_check=compatible)
+    assert d.verdict == REFUSE
+    assert "vllm-ascend 0.11.0 with vllm 0.11.0" in d.reason and ">= 0.15.0rc1" in d.reason
+
+
+def test_rc0_is_refused_as_a_different_architecture_even_if_checks_pass():
+    d = decide("0.11.0rc0", "0.11.0", structural_check=compatible)
+    assert d.verdict == REFUSE and "different architecture" in d.reason
+
+
+@pytest.mark.parametrize("va,vv,name", [("banana", "0.11.0", "vllm-ascend"), ("0.11.0", "not-a-version", "vllm")])
+def test_unparsable_versions_are_refused_naming_the_string(va, vv, name):
+    d = decide(va, vv, structural_check=compatible)
+    assert d.verdict == REFUSE
+    assert name in d.reason and "PEP 440" in d.reason
+
+
+def test_vllm_ascend_missing():
+    d = decide(None, "0.11.0")
+    assert d.verdict == REFUSE and "vllm-ascend is not installed" in d.reason
+
+
+def test_vllm_missing():
+    d = decide("0.11.0", None)
+    assert d.verdict == REFUSE and "vllm is not installed" in d.reason
+
+
+def test_force_applies_the_nearest_row_and_says_so():
+    d = decide("0.11.0rc1.dev449+gc9b64052e", "0.11.3.dev0", force=True, structural_check=incompatible)
+    assert d.verdict == APPLY and d.forced and d.row.vllm_ascend == "0.11.0"
+    assert d.reason.startswith("FORCED by GPTOSS_PATCH_FORCE=1")
+    assert d.structural_failures
+
+
+def test_force_never_overrides_stand_down():
+    assert decide("0.15.0rc1", "0.15.0", force=True).verdict == STAND_DOWN
+
+
+def test_table_comes_from_the_rows():
+    rows = matrix.table()
+    assert [r["vllm-ascend"] for r in rows][:len(matrix.ROWS)] == sorted(
+        (r.vllm_ascend for r in matrix.ROWS), key=lambda v: matrix.Version(v))
+    assert rows[-1]["verdict"] == STAND_DOWN
+
+
+def test_every_layout_patch_is_declared_and_targets_exist_in_the_layout():
+    from gptoss_patch.patches import all_specs
+
+    specs = all_specs()
+    for layout, names in matrix.LAYOUT_PATCHES.items():
+        for name in names:
+            assert name in specs, f"layout {layout} needs undeclared patch {name}"
+            assert specs[name].target_key in matrix.LAYOUTS[layout]

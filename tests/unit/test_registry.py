@@ -1,0 +1,144 @@
+"""Patch registry: apply / remove through wrapt, no double wrapping, by-value rebinding, structural checks.
+
+The targets are small real modules written to a temporary package (the registry is our mechanism;
+upstream classes are exercised in the matrix cells)."""
+
+import importlib
+import sys
+import textwrap
+
+import pytest
+
+from gptoss_patch.registry import (APPLIED, FAILED, PENDING, SKIPPED, PatchSpec, Registry, fingerprint,
+                                   split_target, static_check)
+
+TARGET_SRC = textwrap.dedent('''
+    class Impl:
+        def __init__(self, num_heads, sliding_window, **kwargs):
+            self.num_heads = num_heads
+            self.dropped = kwargs
+
+    def helper(x, y=1):
+        return x + y
+''')
+USER_SRC = "from regpkg.target import helper\n\ndef use(x):\n    return helper(x)\n"
+
+
+@pytest.fixture
+def pkg(tmp_path, monkeypatch):
+    root = tmp_path / "regpkg"
+    root.mkdir()
+    (root / "__init__.py").write_text("")
+    (root / "target.py").write_text(TARGET_SRC)
+    (root / "user.py").write_text(USER_SRC)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for m in [m for m in sys.modules if m.startswith("regpkg")]:
+        del sys.modules[m]
+    yield root
+    for m in [m for m in sys.modules if m.startswith("regpkg")]:
+        del sys.modules[m]
+
+
+def keep_extra(wrapped, instance, args, kwargs):
+    extra = kwargs.pop("extra", None)
+    wrapped(*args, **kwargs)
+    instance.extra = extra
+
+
+def plus_ten(wrapped, instance, args, kwargs):
+    return wrapped(*args, **kwargs) + 10
+
+
+LAYOUT = {"init": "regpkg.target:Impl.__init__", "helper": "regpkg.target:helper", "user": "regpkg.user"}
+INIT = PatchSpec("t.keep_extra", "init", keep_extra, params=("num_heads", "sliding_window", "**"),
+                 absent_params=("extra",))
+HELPER = PatchSpec("t.plus_ten", "helper", plus_ten, params=("x",), rebind_keys=("user",))
+
+
+def test_apply_then_remove_restores_the_original(pkg):
+    target = importlib.import_module("regpkg.target")
+    original = target.Impl.__dict__["__init__"]
+    reg = Registry([INIT], LAYOUT)
+    assert reg.states["t.keep_extra"].state == PENDING
+    reg.on_import(target)
+    assert reg.states["t.keep_extra"].state == APPLIED
+    obj = target.Impl(4, 128, extra="kept", other=1)
+    assert obj.extra == "kept" and obj.dropped == {"other": 1}
+    reg.remove_all()
+    assert target.Impl.__dict__["__init__"] is original
+    assert reg.states["t.keep_extra"].state == SKIPPED
+    assert not hasattr(target.Impl(4, None, extra=1), "extra")
+
+
+def test_never_double_wraps(pkg):
+    target = importlib.import_module("regpkg.target")
+    reg = Registry([HELPER], LAYOUT)
+    reg.on_import(target)
+    first = target.helper
+    reg.states["t.plus_ten"].state = PENDING  # as if a second activation asked again
+    reg.on_import(target)
+    assert target.helper is first and target.helper(1) == 12
+    reg2 = Registry([HELPER], LAYOUT)  # a second registry sees our marker
+    reg2.on_import(target)
+    assert reg2.states["t.plus_ten"].reason == "already wrapped" and target.helper(1) == 12
+
+
+def test_names_imported_by_value_are_rebound_and_restored(pkg):
+    target = importlib.import_module("regpkg.target")
+    user = importlib.import_module("regpkg.user")
+    reg = Registry([HELPER], LAYOUT)
+    assert set(reg.target_modules()) == {"regpkg.target", "regpkg.user"}
+    reg.on_import(target)
+    assert user.use(1) == 2  # still the by-value original
+    reg.on_import(user)
+    assert user.use(1) == 12
+    reg.remove_all()
+    assert user.use(1) == 2 and target.helper(1) == 2
+
+
+def test_runtime_structural_check_fails_without_half_applying(pkg):
+    target = importlib.import_module("regpkg.target")
+    spec = PatchSpec("t.bad", "init", keep_extra, params=("num_heads", "block_size"))
+    reg = Registry([spec], LAYOUT)
+    reg.on_import(target)
+    st = reg.states["t.bad"]
+    assert st.state == FAILED and "block_size" in st.reason
+    assert not hasattr(target.Impl.__dict__["__init__"], "_gptoss_patch_name")
+
+
+def test_absent_parameter_check_detects_native_support(pkg):
+    (pkg / "target.py").write_text(TARGET_SRC.replace("sliding_window, **kwargs", "sliding_window, extra=None, **kwargs"))
+    target = importlib.import_module("regpkg.target")
+    reg = Registry([INIT], LAYOUT)
+    reg.on_import(target)
+    assert reg.states["t.keep_extra"].state == FAILED
+    assert "already has parameter 'extra'" in reg.states["t.keep_extra"].reason
+
+
+def test_missing_target_key_is_skipped_with_reason():
+    reg = Registry([INIT], {})
+    st = reg.states["t.keep_extra"]
+    assert st.state == SKIPPED and "no target 'init'" in st.reason
+
+
+def test_static_check_reads_source_without_importing(pkg):
+    assert static_check(INIT, LAYOUT["init"]) == []
+    assert "regpkg.target" not in sys.modules
+    bad = PatchSpec("t.bad", "init", keep_extra, params=("block_size",))
+    assert static_check(bad, LAYOUT["init"]) == ["regpkg.target:Impl.__init__ has no parameter 'block_size'"]
+    assert static_check(INIT, "regpkg.target:Nope.__init__")[0].endswith("not defined in " + str(pkg / "target.py"))
+    assert "module regpkg.missing not found" in static_check(INIT, "regpkg.missing:X")[0]
+
+
+def test_fingerprint_is_the_sha256_of_the_source_segment(pkg):
+    import hashlib
+
+    segment = "def helper(x, y=1):\n    return x + y"
+    assert fingerprint("regpkg.target:helper") == hashlib.sha256(segment.encode()).hexdigest()
+    assert fingerprint("regpkg.target:absent") is None
+
+
+def test_split_target_rejects_malformed():
+    assert split_target("a.b:C.d") == ("a.b", "C.d")
+    with pytest.raises(ValueError, match="not of the form"):
+        split_target("a.b.C.d")
