@@ -42,12 +42,13 @@ LAYOUTS: dict[str, dict[str, str]] = {
     # B = vllm-ascend 0.11.0rc1, rc2, rc3, 0.11.0 (identical module layout; §3)
     "B": {
         "attention_impl_init": f"{_AA}:AscendAttentionBackendImpl.__init__",
+        "attention_impl_forward_011": f"{_AA}:AscendAttentionBackendImpl.forward",
     },
 }
 
 #: Which patches (by name, see gptoss_patch.patches) each layout family needs.
 LAYOUT_PATCHES: dict[str, tuple[str, ...]] = {
-    "B": ("attention.keep_sinks",),
+    "B": ("attention.keep_sinks", "attention.sink_window_forward"),
 }
 
 

@@ -72,7 +72,7 @@ def route_gptoss(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor,
 
     Returns:
         ``(weights (T, top_k), ids (T, top_k))``: ``weights`` in ``router_logits``' dtype (softmax evaluated in
-        float32, then cast), ``ids`` int64, ordered by descending logit.
+        at least float32, then cast), ``ids`` int64, ordered by descending logit.
 
     Raises:
         ValueError: ``router_logits`` not 2-D or ``top_k`` out of range.
@@ -84,7 +84,8 @@ def route_gptoss(router_logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor,
     if not 1 <= top_k <= router_logits.size(-1):
         raise ValueError(f"top_k must be in [1, {router_logits.size(-1)}], got {top_k}")
     values, ids = torch.topk(router_logits, top_k, dim=-1, sorted=True)
-    weights = torch.softmax(values.float(), dim=-1).to(router_logits.dtype)
+    compute = torch.promote_types(values.dtype, torch.float32)
+    weights = torch.softmax(values.to(compute), dim=-1).to(router_logits.dtype)
     return weights, ids
 
 

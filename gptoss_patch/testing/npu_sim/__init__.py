@@ -67,7 +67,7 @@ def _build_modules() -> dict[str, types.ModuleType]:
     npu_attrs = {k: getattr(device, k) for k in (
         "Stream", "Event", "current_stream", "default_stream", "set_stream", "stream", "current_device",
         "device_count", "is_available", "set_device", "device", "synchronize", "get_device_name",
-        "get_soc_version", "mem_get_info", "empty_cache", "set_compile_mode", "config")}
+        "get_soc_version", "mem_get_info", "empty_cache", "set_compile_mode", "config", "_lazy_init")}
     npu_attrs.update(graph.NAMESPACE)
 
     add("torch_npu", {"__version__": "2.7.1+gptoss.sim", **ops.OPS})
@@ -136,6 +136,14 @@ def install(force: bool = False) -> types.ModuleType:
                 torch._register_device_module("npu", mods["torch_npu.npu"])
             except RuntimeError:
                 torch.npu = mods["torch_npu.npu"]  # type: ignore[attr-defined]
+        from gptoss_patch.testing.npu_sim import device
+
+        device.mirror_privateuse1_kernels_to_cpu()
+        device.enter_device_mapping()
+        device.give_gloo_an_hccl_name()
+        from gptoss_patch.testing.npu_sim.ops import moe as _moe_ops
+
+        _moe_ops.register_c_ascend_ops()
         _installed = True
         return mods["torch_npu"]
 

@@ -3,9 +3,12 @@
 Semantics follow torch_npu's Python API (Ascend/pytorch ``torch_npu/npu/__init__.py``,
 ``streams.py``, ``utils.py``; ``shared/reference/npu_ops.md`` §8). Streams and events keep no
 real concurrency (CPU execution is synchronous) but keep their documented ordering rules, so
-misuse is still an error. Device memory *is* host memory: ``mem_get_info`` reports the host's
-available/total memory (``/proc/meminfo``), ``synchronize`` is a no-op because every CPU op
-has completed when it returns.
+misuse is still an error. The one exception is work an NPU graph replay leaves queued behind an
+``ExternalEvent`` wait (``graph.py``): while a stream is blocked that way, ``synchronize``, ``query``,
+``wait_stream`` and events recorded on it follow the queued work through the hooks ``graph.py`` installs
+in :data:`_runtime` (without queued graph work the behaviour is the plain synchronous one). Device memory
+*is* host memory: ``mem_get_info`` reports the host's available/total memory (``/proc/meminfo``),
+``synchronize`` is a no-op because every CPU op has completed when it returns.
 
 The simulated device is an Atlas A2 (Ascend910B1, SoC version 220), matching the
 ``vllm_ascend/_build_info.py`` of the x86_64 wheels (``__soc_version__ = 'ASCEND910B1'``) and
@@ -22,6 +25,9 @@ from typing import Any, Iterator
 SOC_VERSION = 220
 SOC_NAME = "Ascend910B1"
 
+#: Ordering hooks installed by ``graph.py`` (queued graph work behind an ExternalEvent); None until it is imported.
+_runtime: Any = None
+
 
 class Stream:
     """``torch.npu.Stream``: an ordering handle. CPU execution is synchronous, so work is complete on return."""
@@ -37,14 +43,19 @@ class Stream:
         self.priority = priority
 
     def synchronize(self) -> None:
-        """Wait for the stream's work: nothing is outstanding on the CPU."""
+        """Wait for the stream's work: nothing is outstanding on the CPU unless a graph replay is queued on it
+        behind an unrecorded ExternalEvent, which would never complete (``RuntimeError``)."""
+        if _runtime is not None:
+            _runtime.stream_synchronize(self)
 
     def query(self) -> bool:
-        """True: all work submitted to this stream has completed."""
-        return True
+        """True when all work submitted to this stream has completed."""
+        return True if _runtime is None else _runtime.stream_idle(self)
 
     def wait_stream(self, stream: "Stream") -> None:
-        """Make this stream wait for ``stream``: already ordered on the CPU."""
+        """Make this stream wait for the work submitted to ``stream`` so far (only queued graph work is pending)."""
+        if _runtime is not None:
+            _runtime.wait_tasks(self, _runtime.snapshot(stream))
 
     def wait_event(self, event: "Event") -> None:
         """Make this stream wait for ``event``."""
@@ -105,20 +116,27 @@ class Event:
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False, **kwargs: Any):
         self.enable_timing = enable_timing
         self.recorded = False
+        self._after: tuple[Any, ...] = ()  # queued graph work the record follows (normally none)
 
     def record(self, stream: Stream | None = None) -> None:
         """Record the event on ``stream`` (default: current)."""
         self.recorded = True
+        if _runtime is not None:
+            self._after = _runtime.snapshot(stream if stream is not None else current_stream())
 
     def wait(self, stream: Stream | None = None) -> None:
         """Make ``stream`` wait for the event; waiting on an unrecorded event is a no-op, as in CUDA/NPU."""
+        if _runtime is not None and self._after:
+            _runtime.wait_tasks(stream if stream is not None else current_stream(), self._after)
 
     def query(self) -> bool:
-        """True: the recorded work has completed."""
-        return True
+        """True when the recorded work has completed."""
+        return True if _runtime is None else _runtime.tasks_done(self._after)
 
     def synchronize(self) -> None:
-        """Wait for the recorded work: complete already."""
+        """Wait for the recorded work (``RuntimeError`` if it is queued behind an ExternalEvent: a hang)."""
+        if _runtime is not None:
+            _runtime.synchronize_tasks(self._after, "Event.synchronize()")
 
 
 def current_device() -> int:
@@ -157,7 +175,10 @@ def device(d: Any) -> Iterator[None]:
 
 
 def synchronize(device: Any = None) -> None:
-    """Wait for all device work: CPU ops complete before they return."""
+    """Wait for all device work: CPU ops complete before they return (``RuntimeError`` when graph work is queued
+    behind an unrecorded ExternalEvent - a real NPU would hang - or during a graph capture)."""
+    if _runtime is not None:
+        _runtime.device_synchronize()
 
 
 def get_device_name(device: Any = None) -> str:
@@ -195,3 +216,113 @@ class _Config:
 
 
 config = _Config()
+
+
+def mirror_privateuse1_kernels_to_cpu() -> None:
+    """Make every kernel registered for the ``PrivateUse1`` (NPU) dispatch key also serve CPU tensors.
+
+    The simulated device's tensors are CPU tensors, so a custom op that upstream registers only for
+    ``PrivateUse1`` by vLLM or vllm-ascend code (e.g. vllm-ascend 0.11's ``vllm::unified_ascend_attention_with_output``, through
+    vLLM's ``direct_register_custom_op(..., dispatch_key="PrivateUse1")``) would find no kernel.
+    This wraps :meth:`torch.library.Library.impl` once: a ``PrivateUse1`` registration is repeated
+    for ``CPU`` with the same function. Registrations made before the simulator was installed are
+    not mirrored (install it before importing vllm-ascend).
+    """
+    import functools
+
+    import torch.library
+
+    _MIRRORED = ("vllm", "vllm_ascend")  # upstream's custom ops only, not torch's own PrivateUse1 kernels
+    orig = torch.library.Library.impl
+    if getattr(orig, "_gptoss_sim_mirror", False):
+        return
+
+    @functools.wraps(orig)
+    def impl(self, op_name, fn=None, dispatch_key="", *args, **kwargs):
+        result = orig(self, op_name, fn, dispatch_key, *args, **kwargs)
+        if dispatch_key == "PrivateUse1" and getattr(fn, "__module__", "").split(".")[0] in _MIRRORED:
+            orig(self, op_name, fn, "CPU", *args, **kwargs)
+        return result
+
+    impl._gptoss_sim_mirror = True  # type: ignore[attr-defined]
+    torch.library.Library.impl = impl  # type: ignore[method-assign]
+
+
+def _lazy_init() -> None:
+    """``torch.npu._lazy_init``: initialise the device runtime - nothing to initialise on the CPU."""
+
+
+def _is_npu(d: Any) -> bool:
+    import torch
+
+    if isinstance(d, torch.device):
+        return d.type == "npu"
+    if isinstance(d, str):
+        return d.partition(":")[0] == "npu"
+    return False
+
+
+_mode = None
+
+
+def enter_device_mapping() -> None:
+    """Map every NPU device request to the CPU, for the current thread (idempotent).
+
+    The simulated NPU's memory is host memory: ``torch.empty(..., device="npu")``,
+    ``t.to("npu")``, ``with torch.device("npu"):`` and ``t.npu()`` give CPU tensors. Implemented as a
+    :class:`torch.overrides.TorchFunctionMode` pushed once at the bottom of the mode stack, so
+    ``torch.device`` context managers (which push their own mode on top) are rewritten too
+    (``shared/reference/simulator_notes.md``). Torch function modes are thread-local: call this in
+    every thread that allocates on the simulated device.
+    """
+    global _mode
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    class NPUOnCPU(TorchFunctionMode):
+        """Rewrites ``device`` arguments that name the NPU to ``"cpu"``."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            dev = kwargs.get("device")
+            # an int device is an index of the accelerator (torch.npu.current_device() returns one)
+            if dev is not None and (_is_npu(dev) or (isinstance(dev, int) and not isinstance(dev, bool))):
+                kwargs = dict(kwargs, device="cpu")
+            if any(_is_npu(a) for a in args):
+                args = tuple("cpu" if _is_npu(a) else a for a in args)
+            return func(*args, **kwargs)
+
+    if getattr(_state, "mapped", False):
+        return
+    _mode = NPUOnCPU()
+    _mode.__enter__()
+    _state.mapped = True
+    if not hasattr(torch.Tensor, "npu") or not getattr(torch.Tensor.npu, "_gptoss_sim", False):
+        def npu(self, device=None, non_blocking=False, memory_format=None):
+            """``Tensor.npu()``: the simulated device shares host memory, so the tensor itself."""
+            return self
+
+        npu._gptoss_sim = True  # type: ignore[attr-defined]
+        torch.Tensor.npu = npu  # type: ignore[attr-defined]
+
+
+def give_gloo_an_hccl_name() -> None:
+    """Let vllm-ascend's MC2 dispatcher be *constructed* on the simulator's gloo process groups.
+
+    ``TokenDispatcherWithMC2.__init__`` (vllm_ascend/ops/moe/token_dispatcher.py) asks the device
+    group's backend for ``get_hccl_comm_name(rank)``, the name of the HCCL communicator that the MC2
+    operators (``npu_moe_distribute_dispatch``/``_combine``) address. The simulator's collectives run
+    on gloo, which has no HCCL communicator; this adds the method to ``ProcessGroupGloo`` returning
+    ``"gptoss-sim-gloo-rank<r>"``. The name is consumed only by the MC2 operators, which are not
+    emulated (calling them raises), so no computation depends on it.
+    """
+    import torch.distributed as dist
+
+    cls = dist.ProcessGroupGloo
+    if hasattr(cls, "get_hccl_comm_name"):
+        return
+
+    def get_hccl_comm_name(self, rank: int) -> str:
+        return f"gptoss-sim-gloo-rank{rank}"
+
+    cls.get_hccl_comm_name = get_hccl_comm_name

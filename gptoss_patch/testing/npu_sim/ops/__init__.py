@@ -3,12 +3,19 @@
 Each operator implements its documented semantics (doc page cited in its docstring; see
 ``shared/reference/npu_ops.md``), validates the documented limits and raises ``RuntimeError``
 like the operator does. Anything not listed here is a ``NotEmulated`` sentinel on ``torch_npu``.
+
+Every operator in ``OPS`` (and its ``.out`` overload) is wrapped by
+:func:`gptoss_patch.testing.npu_sim.graph.route`, so that calls made during an NPU graph capture
+are recorded, and calls inside a task-group update re-parameterise the captured call; outside a
+graph the wrapper just calls the operator. The family modules keep their unwrapped functions.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any, Callable
+
+from gptoss_patch.testing.npu_sim.graph import route as _route
 
 #: Modules contributing operators; each exports ``OPS: dict[str, Callable]``.
 _FAMILIES = ("attention", "moe", "misc")
@@ -24,4 +31,4 @@ for _family in _FAMILIES:
     for _name, _fn in _mod.OPS.items():
         if _name in OPS:
             raise RuntimeError(f"emulated operator {_name!r} defined twice")
-        OPS[_name] = _fn
+        OPS[_name] = _route(_name, _fn)

@@ -59,6 +59,13 @@ Choices where the sources are silent or the simulator deliberately differs (each
 * Unimplemented optional features (quantisation, pse, rope, shared prefix, padding sizes, the NTD
   layouts) raise :class:`~gptoss_patch.testing.npu_sim._base.NotEmulatedError`; invalid inputs raise
   ``RuntimeError`` naming the argument, as the real operators do.
+
+Performance
+    One vectorised computation per batch (sequence): all heads at once through ``bmm`` on a
+    ``(KV_N, G*rows, D)`` view, query rows chunked so a score block stays under 32 MiB, and keys outside the
+    union of a chunk's allowed band skipped (decode rows of a 128-window read 128 keys, not the whole
+    sequence). Paged blocks are gathered with ``torch.cat`` of block views (``index_select`` stalls with two
+    OpenMP threads on a loaded host). Roughly 0.1 s per GPT-OSS-120b layer of ~300 tokens on one core.
 """
 
 from __future__ import annotations
@@ -188,27 +195,37 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
     if sq == 0 or skv == 0:
         return out, lse
     g = n // kvn
-    kt = k.permute(1, 2, 0).unsqueeze(1)  # (KVN, 1, D, Skv)
-    vv = v.permute(1, 0, 2).unsqueeze(1)  # (KVN, 1, Skv, Dv)
+    kt_all = k.permute(1, 2, 0)  # (KVN, D, Skv)
+    v_all = v.permute(1, 0, 2)  # (KVN, Skv, Dv)
     sk = None if sink is None else sink.reshape(kvn, g, 1, 1)
     step = max(1, _MAX_SCORE_ELEMENTS // max(1, n * skv))
     for s0 in range(0, sq, step):
         s1 = min(sq, s0 + step)
         c = s1 - s0
-        qc = q[s0:s1].reshape(c, kvn, g, d).permute(1, 2, 0, 3)  # (KVN, G, c, D)
-        s = torch.matmul(qc, kt) * scale  # (KVN, G, c, Skv)
+        # keys outside [lo, hi) are masked for every row of the chunk: skip them (pure speed-up)
+        lo, hi = 0, skv
+        a_c = None if allowed is None else allowed[s0:s1]
+        if a_c is not None:
+            cols = a_c.any(dim=0).nonzero()
+            if cols.numel() == 0:
+                continue  # no row of the chunk attends anything: zeros / +inf already in place
+            lo, hi = int(cols[0, 0]), int(cols[-1, 0]) + 1
+            a_c = a_c[:, lo:hi]
+        w = hi - lo
+        qc = q[s0:s1].reshape(c, kvn, g, d).permute(1, 2, 0, 3).reshape(kvn, g * c, d)
+        s = torch.bmm(qc, kt_all[:, :, lo:hi]).mul_(scale).view(kvn, g, c, w)  # (KVN, G, c, w)
         if bias is not None:
-            s = s + bias[s0:s1]
-        if allowed is not None:
-            s = s.masked_fill(~allowed[s0:s1], -_INF)
+            s.add_(bias[s0:s1, lo:hi])
+        if a_c is not None:
+            s.masked_fill_(~a_c, -_INF)
         m = s.amax(dim=-1, keepdim=True)
         m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        p = torch.exp(s - m)
+        p = s.sub_(m).exp_()  # in place: s is a fresh buffer
         z = p.sum(dim=-1, keepdim=True)
+        pv = torch.bmm(p.view(kvn, g * c, w), v_all[:, lo:hi]).view(kvn, g, c, dv)
         denom = z if sk is None else z + torch.exp(sk - m)
         has = z > 0
-        o = torch.where(has, torch.matmul(p, vv) / torch.where(has, denom, torch.ones_like(denom)),
-                        torch.zeros((), dtype=q.dtype))
+        o = torch.where(has, pv / torch.where(has, denom, torch.ones_like(denom)), torch.zeros((), dtype=q.dtype))
         l_ = torch.where(has, m + torch.log(torch.where(has, z, torch.ones_like(z))),
                          torch.full((), _INF, dtype=q.dtype))
         out[s0:s1] = o.permute(2, 0, 1, 3).reshape(c, n, dv)
@@ -255,13 +272,13 @@ def _gather_paged(op: str, cache: torch.Tensor, table_row: torch.Tensor, length:
     if length == 0:
         return cache.new_zeros((0, kvn, 1), dtype=torch.float32)
     nblk = -(-length // block_size)
-    ids = table_row[:nblk].to(torch.int64)
+    ids = table_row[:nblk].tolist()
     num_blocks = cache.shape[0]
-    bad = (ids < 0) | (ids >= num_blocks)
-    if bool(bad.any()):
-        j = int(bad.nonzero()[0, 0])
-        _fail(op, f"block_table[{b}, {j}] = {int(ids[j])} is not a block of the KV cache (num_blocks={num_blocks})")
-    c = cache.index_select(0, ids)
+    for j, i in enumerate(ids):
+        if not 0 <= i < num_blocks:
+            _fail(op, f"block_table[{b}, {j}] = {i} is not a block of the KV cache (num_blocks={num_blocks})")
+    # torch.cat of block views: index_select is pathologically slow with 2 threads on a loaded host
+    c = torch.cat([cache[i].unsqueeze(0) for i in ids]) if nblk > 1 else cache[ids[0]].unsqueeze(0)
     if heads_major:
         c = c.permute(0, 2, 1, 3)
     return c.reshape(nblk * block_size, kvn, -1)[:length].to(torch.float32)

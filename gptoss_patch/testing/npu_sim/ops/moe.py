@@ -115,7 +115,7 @@ class _FormatRegistry:
     """Storage -> ACL format label, cleared when the storage is freed (see the module docstring)."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # re-entrant: a finalizer may run (GC) while this thread holds the lock
         self._formats: dict[int, int] = {}
         self._watched: dict[int, Any] = {}  # key -> weakref.finalize, or the storage itself as a fallback
 
@@ -462,6 +462,10 @@ def npu_grouped_matmul(
             raise RuntimeError(
                 f"npu_grouped_matmul: When groupList is not null, size of groupList(tensor) {n_list} should be equal "
                 f"to weight dim 0 {num_groups} with groupType {group_type}.")
+    if len(x) > 1 and len(x) != num_groups:
+        raise RuntimeError(
+            f"npu_grouped_matmul: When x and weight are separated, size of x {len(x)} should equal to size of weight "
+            f"{num_groups}.")
     if split in (0, 1):  # OPC-gmm check_dims
         if group_list is not None:
             if not (len(x) == 1 and num_groups == int(group_list.size(0))):

@@ -1,0 +1,261 @@
+"""GPT-OSS attention (learned sinks, sliding window) on the fused NPU operators, and its plain-torch math.
+
+Two operator paths compute the same thing (``shared/reference/npu_ops.md`` §2-§3):
+
+* ``v2``: ``torch_npu.npu_fused_infer_attention_score_v2(..., learnable_sink=sinks)`` - the sink is
+  an extra, unscaled logit in every softmax row (OPD-fia2 ``learnable_sink``; OTX-pfa ``Bmm2ResultDiv``),
+  as in the reference model (transformers ``GptOssAttention``: ``cat([scores, sinks]).softmax()[..., :-1]``).
+* ``lse``: ``torch_npu.npu_fused_infer_attention_score(..., softmax_lse_flag=True)`` and the exact
+  identity ``out_sink = out · sigmoid(lse − sink)`` (:func:`sink_rescale`), for a torch_npu whose v2
+  lacks ``learnable_sink``.
+
+Both use the TND layout over the paged KV cache (``block_table``; per-sequence KV lengths; cumulative
+query lengths). Full-attention layers use ``sparse_mode=3`` (right-down causal). Sliding-window
+layers use the band ``sparse_mode=4`` with ``pre_tokens = sliding_window − 1``, ``next_tokens = 0``:
+the band admits ``pre_tokens + 1`` keys ending at the query's own position (OPD-fia ``sparse_mode``
+table; OTX-pfa band offsets), so ``window − 1`` gives exactly the reference model's 128 keys including the
+current one (transformers ``sliding_window_overlay``: ``kv_idx > q_idx − sliding_window``).
+vllm-ascend ≥ 0.15 passes ``pre_tokens = sliding_window`` and admits 129 (npu_ops.md §10.1).
+
+Modes 3 and 4 take the same compressed 2048×2048 causal template as ``atten_mask`` (the band's
+geometry comes from the mode and pre/next; OPD-fia "Q_S>1" mask constraints, vllm-ascend PR #8387),
+so one mask per (dtype, device) serves every layer and window; it is built once and cached.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import threading
+from typing import Any, Sequence
+
+import torch
+
+#: ``pre_tokens`` / ``next_tokens`` default of the operators ("no limit").
+INT_MAX = 2147483647
+#: Side of the compressed mask template the fused operator expects for sparse modes 2-4.
+MASK_TEMPLATE_SIZE = 2048
+
+V2 = "v2"
+LSE = "lse"
+_PATH_TEXT = {
+    V2: "npu_fused_infer_attention_score_v2 with learnable_sink (TND, paged KV)",
+    LSE: "npu_fused_infer_attention_score + softmax_lse, out * sigmoid(lse - sink) (TND, paged KV)",
+}
+
+_lock = threading.Lock()
+_path: str | None = None
+_masks: dict[tuple[torch.dtype, Any], torch.Tensor] = {}
+
+
+class SinkAttentionUnavailable(RuntimeError):
+    """Neither operator path can honour attention sinks on this torch_npu: GPT-OSS cannot run correctly."""
+
+
+def _accepts(fn: Any, name: str) -> bool:
+    """True when operator ``fn`` (a torch_npu op or a Python function) has an argument called ``name``."""
+    if fn is None or not callable(fn) or not bool(fn):
+        return False
+    default = getattr(fn, "default", None)  # torch.ops OpOverloadPacket -> schema
+    schema = getattr(default, "_schema", None)
+    if schema is not None:
+        return any(a.name == name for a in schema.arguments)
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def detect_path(torch_npu: Any) -> str:
+    """Pick the operator path for this process from what the installed ``torch_npu`` offers.
+
+    ``GPTOSS_PATCH_ATTENTION_PATH`` = ``v2`` or ``lse`` forces one (an unavailable choice is an
+    error, never silently replaced).
+
+    Raises:
+        SinkAttentionUnavailable: neither v2 with ``learnable_sink`` nor v1 with ``softmax_lse_flag``.
+        ValueError: the environment variable holds another value.
+    """
+    v2 = _accepts(getattr(torch_npu, "npu_fused_infer_attention_score_v2", None), "learnable_sink")
+    v1 = _accepts(getattr(torch_npu, "npu_fused_infer_attention_score", None), "softmax_lse_flag")
+    forced = os.environ.get("GPTOSS_PATCH_ATTENTION_PATH", "").strip().lower()
+    if forced not in ("", V2, LSE):
+        raise ValueError(f"GPTOSS_PATCH_ATTENTION_PATH={forced!r}: use 'v2' or 'lse'")
+    if forced == V2 and not v2:
+        raise SinkAttentionUnavailable("GPTOSS_PATCH_ATTENTION_PATH=v2 but torch_npu.npu_fused_infer_attention_score_v2 "
+                                       "has no learnable_sink argument (needs torch_npu >= 2.7.1, op-plugin 7.2.0)")
+    if forced == LSE and not v1:
+        raise SinkAttentionUnavailable("GPTOSS_PATCH_ATTENTION_PATH=lse but torch_npu.npu_fused_infer_attention_score "
+                                       "has no softmax_lse_flag argument")
+    if forced:
+        return forced
+    if v2:
+        return V2
+    if v1:
+        return LSE
+    raise SinkAttentionUnavailable(
+        "this torch_npu offers neither npu_fused_infer_attention_score_v2(learnable_sink=...) nor "
+        "npu_fused_infer_attention_score(softmax_lse_flag=True); GPT-OSS attention sinks cannot be computed "
+        "(install the torch-npu pinned by your vllm-ascend release)")
+
+
+def chosen_path(torch_npu: Any | None = None) -> str:
+    """The process-wide operator path (detected once, on first use); see :func:`detect_path`."""
+    global _path
+    if _path is None:
+        with _lock:
+            if _path is None:
+                if torch_npu is None:
+                    import torch_npu as _tn
+
+                    torch_npu = _tn
+                _path = detect_path(torch_npu)
+    return _path
+
+
+def path_description() -> str | None:
+    """Human text of the chosen path, or None before any GPT-OSS layer needed it."""
+    return _PATH_TEXT[_path] if _path else None
+
+
+def causal_template(dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """The cached ``(2048, 2048)`` causal template (1 above the diagonal = masked) for modes 3 and 4.
+
+    Args:
+        dtype: mask dtype (``torch.int8`` as vllm-ascend's ``get_splitfuse_attn_mask``, or ``torch.bool``).
+        device: where the operator runs.
+    """
+    key = (dtype, str(device))
+    mask = _masks.get(key)
+    if mask is None:
+        with _lock:
+            mask = _masks.get(key)
+            if mask is None:
+                mask = torch.triu(torch.ones(MASK_TEMPLATE_SIZE, MASK_TEMPLATE_SIZE, dtype=dtype, device=device),
+                                  diagonal=1)
+                _masks[key] = mask
+    return mask
+
+
+def band(sliding_window: int | None) -> tuple[int, int, int]:
+    """``(sparse_mode, pre_tokens, next_tokens)`` for a layer: 3 (causal) or 4 with ``window − 1`` keys back.
+
+    Raises:
+        ValueError: a window < 1.
+    """
+    if sliding_window is None:
+        return 3, INT_MAX, 0
+    if sliding_window < 1:
+        raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+    return 4, sliding_window - 1, 0
+
+
+def sink_rescale(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Turn sink-free attention into attention with sinks: ``out · sigmoid(lse − sink)``.
+
+    With ``Z = Σ_j exp(s_j − m)``, ``lse = m + ln Z``: ``Σ_j e^{s_j} v_j / (Σ_j e^{s_j} + e^{sink})
+    = out · Z e^m / (Z e^m + e^{sink}) = out · sigmoid(lse − sink)`` - exact, no approximation.
+
+    Args:
+        out: ``(T, N, D)`` attention output without sinks.
+        lse: ``(T, N, 1)`` float32 log-sum-exp of the attended scaled scores.
+        sinks: ``(N,)`` sink logits (any float dtype).
+
+    Returns:
+        ``(T, N, D)`` in ``out``'s dtype (computed in float32).
+    """
+    scale = torch.sigmoid(lse.float() - sinks.float().view(1, -1, 1))
+    return (out.float() * scale).to(out.dtype)
+
+
+def sink_window_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    *,
+    block_table: torch.Tensor,
+    query_cu_lens: Sequence[int],
+    kv_lens: Sequence[int],
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    sinks: torch.Tensor | None,
+    sliding_window: int | None,
+    out: torch.Tensor,
+    torch_npu: Any = None,
+) -> torch.Tensor:
+    """Attention with optional sinks and sliding window over the paged KV cache, written into ``out``.
+
+    Args:
+        query: ``(T, N, D)`` TND query, T = ``query_cu_lens[-1]``.
+        key_cache / value_cache: ``(num_blocks, block_size, KV_N, D)`` paged caches (vllm-ascend layout).
+        block_table: ``(B, max_blocks)`` int32.
+        query_cu_lens: B cumulative query end offsets (host list).
+        kv_lens: B per-sequence KV lengths including the new tokens (host list).
+        num_heads / num_kv_heads: N and KV_N on this rank.
+        scale: softmax scale (``head_dim ** -0.5``).
+        sinks: ``(N,)`` sink logits, or None.
+        sliding_window: window in tokens (128 for GPT-OSS even layers), or None.
+        out: ``(T, N, D)`` buffer the result is written into.
+        torch_npu: the operator module (default: ``import torch_npu``).
+
+    Returns:
+        ``out``. Makes no device-to-host synchronisation (all lengths are host lists).
+    """
+    if torch_npu is None:
+        import torch_npu as _tn
+
+        torch_npu = _tn
+    path = chosen_path(torch_npu)
+    num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
+    key = key_cache.view(num_blocks, block_size, -1)
+    value = value_cache.view(num_blocks, block_size, -1)
+    mode, pre, nxt = band(sliding_window)
+    mask = causal_template(torch.int8, query.device)
+    if path == V2:
+        res, _ = torch_npu.npu_fused_infer_attention_score_v2(
+            query, key, value, num_query_heads=num_heads, num_key_value_heads=num_kv_heads, input_layout="TND",
+            pre_tokens=pre, next_tokens=nxt, atten_mask=mask, sparse_mode=mode, softmax_scale=scale,
+            block_table=block_table, block_size=block_size, actual_seq_qlen=list(query_cu_lens),
+            actual_seq_kvlen=list(kv_lens), learnable_sink=sinks)
+    else:
+        res, lse = torch_npu.npu_fused_infer_attention_score(
+            query, key, value, atten_mask=mask, block_table=block_table, input_layout="TND",
+            block_size=block_size, actual_seq_lengths=list(query_cu_lens), actual_seq_lengths_kv=list(kv_lens),
+            num_key_value_heads=num_kv_heads, num_heads=num_heads, scale=scale, sparse_mode=mode,
+            pre_tokens=pre, next_tokens=nxt, softmax_lse_flag=sinks is not None)
+        if sinks is not None:
+            res = sink_rescale(res, lse, sinks)
+    out.copy_(res)
+    return out
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
+                        sinks: torch.Tensor | None, sliding_window: int | None, q_offset: int = 0) -> torch.Tensor:
+    """Plain-torch GPT-OSS attention of one sequence (float32), for ``verify``'s numerical self-test.
+
+    Args:
+        q: ``(Sq, N, D)``; k, v: ``(Skv, KV_N, D)``; query row i sits at KV position ``q_offset + i``.
+        scale: softmax scale; sinks: ``(N,)`` or None; sliding_window: keys ``j > pos − window`` kept.
+
+    Returns:
+        ``(Sq, N, D)`` float32. Semantics of transformers' ``GptOssAttention`` eager path.
+    """
+    sq, n, _ = q.shape
+    skv, kvn, _ = k.shape
+    g = n // kvn
+    kf = k.float().repeat_interleave(g, dim=1)
+    vf = v.float().repeat_interleave(g, dim=1)
+    s = torch.einsum("ind,jnd->nij", q.float(), kf) * scale
+    pos = torch.arange(sq).view(-1, 1) + q_offset
+    j = torch.arange(skv).view(1, -1)
+    allowed = j <= pos
+    if sliding_window is not None:
+        allowed &= j > pos - sliding_window
+    s = s.masked_fill(~allowed, float("-inf"))
+    if sinks is not None:
+        s = torch.cat([s, sinks.float().view(n, 1, 1).expand(n, sq, 1)], dim=-1)
+    p = torch.softmax(s, dim=-1)
+    if sinks is not None:
+        p = p[..., :-1]
+    return torch.einsum("nij,jnd->ind", p, vf)
