@@ -21,7 +21,11 @@ _sources: list[str] = []
 _decision: matrix.Decision | None = None
 _versions: environment.Versions | None = None
 _registry: Registry | None = None
+_guard: Registry | None = None
 _hooked: set[str] = set()
+
+#: Decision recorded when GPTOSS_PATCH_DISABLE=1: nothing is patched, the guard stays armed.
+DISABLED = "disabled"
 
 
 def _env_flag(name: str) -> bool:
@@ -68,16 +72,37 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
         _sources.append(source)
         if _decision is not None:
             return status()
-        if force is None:
-            force = _env_flag("GPTOSS_PATCH_FORCE")
         _versions = environment.installed_versions()
-        _decision = matrix.decide(_versions.vllm_ascend, _versions.vllm, force=force,
-                                  structural_check=_structural_check)
+        if _env_flag("GPTOSS_PATCH_DISABLE"):
+            _decision = matrix.Decision(DISABLED, "GPTOSS_PATCH_DISABLE=1: no patch is applied (the GPT-OSS guard "
+                                                  "stays armed)")
+        else:
+            if force is None:
+                force = _env_flag("GPTOSS_PATCH_FORCE")
+            _decision = matrix.decide(_versions.vllm_ascend, _versions.vllm, force=force,
+                                      structural_check=_structural_check)
         if _decision.forced:
             sys.stderr.write(f"gptoss-patch: WARNING: {_decision.reason}\n")
         if _decision.verdict == matrix.APPLY and _decision.row is not None:
             _register(_decision.row)
+        if _decision.verdict != matrix.STAND_DOWN and _versions.vllm_ascend is not None:
+            _arm_guard()
         return status()
+
+
+def _arm_guard() -> None:
+    """Register the GPT-OSS model guard (see :mod:`gptoss_patch.patches.guard`)."""
+    global _guard
+    import wrapt
+
+    from gptoss_patch.patches import guard
+    from gptoss_patch.registry import PatchSpec
+
+    spec = PatchSpec("guard.gpt_oss_model", "guard", guard._guard_init, params=("vllm_config",),
+                     summary="building GptOssForCausalLM checks that every GPT-OSS patch is applied")
+    _guard = Registry([spec], {"guard": guard.TARGET})
+    _hooked.add(guard.TARGET_MODULE)
+    wrapt.register_post_import_hook(functools.partial(_hook, _guard), guard.TARGET_MODULE)
 
 
 def _register(row: matrix.Row) -> None:
@@ -110,6 +135,8 @@ def deactivate() -> Status:
     with _lock:
         if _registry is not None:
             _registry.remove_all()
+        if _guard is not None:
+            _guard.remove_all()
         return status()
 
 
@@ -121,6 +148,12 @@ def status() -> Status:
             return Status(False, [], None, "not activated in this process (vllm_ascend has not been imported)",
                           None, False, versions.as_dict(), [])
         patches = [PatchState(**vars(s)) for s in _registry.states.values()] if _registry else []
+        details = {}
+        guard = _guard.states.get("guard.gpt_oss_model") if _guard else None
+        details["guard"] = f"{guard.state}: {guard.reason}" if guard else "not armed"
+        kernels = sys.modules.get("gptoss_patch.kernels.attention")
+        if kernels is not None and kernels.path_description():
+            details["attention_path"] = kernels.path_description()
         return Status(
             activated=True,
             sources=list(_sources),
@@ -131,14 +164,17 @@ def status() -> Status:
             versions=_versions.as_dict() if _versions else {},
             patches=patches,
             gaps=[g.text for g in _decision.gaps],
+            details=details,
         )
 
 
 def _reset_for_tests() -> None:
     """Forget the decision (patches are removed first). For unit tests only."""
-    global _decision, _versions, _registry
+    global _decision, _versions, _registry, _guard
     with _lock:
         if _registry is not None:
             _registry.remove_all()
-        _decision = _versions = _registry = None
+        if _guard is not None:
+            _guard.remove_all()
+        _decision = _versions = _registry = _guard = None
         _sources.clear()

@@ -14,8 +14,10 @@ is held to three rules:
 Environment variables (read once, at start-up):
 
 ``GPTOSS_PATCH_DISABLE``
-    ``1``/``true``/``yes``/``on``: no activation, no patch, in this process tree (the simulator
-    switch below still works, so tests can run upstream's unpatched code on the simulator).
+    ``1``/``true``/``yes``/``on``: no patch in this process tree. The finder is still installed so that,
+    in processes that import vllm-ascend, building a GPT-OSS model meets the guard
+    (:mod:`gptoss_patch.patches.guard`) instead of serving garbage. The simulator switch below works
+    either way, so tests can run upstream's unpatched code on the simulator.
 ``GPTOSS_PATCH_SIMULATE_NPU``
     ``1``: make ``torch_npu`` and ``torchair`` resolve to the CPU NPU simulator
     (:mod:`gptoss_patch.testing.npu_sim`) in this interpreter and every child that inherits the
@@ -129,8 +131,9 @@ def install():
     try:
         if _flag("GPTOSS_PATCH_SIMULATE_NPU"):  # a test facility, independent of the patches
             sys.meta_path.insert(0, _SimulatedNPUFinder())
-        if _flag("GPTOSS_PATCH_DISABLE"):
-            return
+        # GPTOSS_PATCH_DISABLE is honoured by activate() (no patch; the GPT-OSS guard stays armed);
+        # a malformed value is reported here, at start-up.
+        _flag("GPTOSS_PATCH_DISABLE")
         if "vllm_ascend" in sys.modules:  # e.g. install() called late by an embedding app
             import gptoss_patch
 

@@ -43,12 +43,17 @@ LAYOUTS: dict[str, dict[str, str]] = {
     "B": {
         "attention_impl_init": f"{_AA}:AscendAttentionBackendImpl.__init__",
         "attention_impl_forward_011": f"{_AA}:AscendAttentionBackendImpl.forward",
+        "moe_unquant_apply": "vllm_ascend.ops.common_fused_moe:AscendUnquantizedFusedMoEMethod.apply",
+        "moe_fused_experts": "vllm_ascend.ops.moe.moe_comm_method:MoECommMethod.fused_experts",
+        "moe_unified_apply_mlp_011": "vllm_ascend.ops.moe.moe_mlp:unified_apply_mlp",
+        "moe_comm_method_module": "vllm_ascend.ops.moe.moe_comm_method",  # imports unified_apply_mlp by value
     },
 }
 
 #: Which patches (by name, see gptoss_patch.patches) each layout family needs.
 LAYOUT_PATCHES: dict[str, tuple[str, ...]] = {
-    "B": ("attention.keep_sinks", "attention.sink_window_forward"),
+    "B": ("attention.keep_sinks", "attention.sink_window_forward", "moe.unquant_apply", "moe.fused_experts",
+          "moe.apply_mlp"),
 }
 
 

@@ -349,6 +349,7 @@ class Status:
         versions: installed versions (:class:`gptoss_patch.environment.Versions` as a dict).
         patches: one :class:`PatchState` per patch the row needs.
         gaps: for stand-down, GPT-OSS gaps still open upstream in that release.
+        details: other facts (``guard``: its state; ``attention_path``: the operator path chosen).
     """
 
     activated: bool
@@ -360,6 +361,7 @@ class Status:
     versions: dict
     patches: list[PatchState]
     gaps: list[str] = field(default_factory=list)
+    details: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -150,6 +150,8 @@ def _print_human(report: dict[str, Any]) -> None:
     print(f"  decision: {st['decision']}{' (FORCED)' if st['forced'] else ''} - {st['reason']}")
     for gap in st.get("gaps", []):
         print(f"    upstream gap still open in this release: {gap}")
+    for key, value in st.get("details", {}).items():
+        print(f"  {key.replace('_', ' ')}: {value}")
     if st["patches"]:
         print("  patches:")
         for p in st["patches"]:

@@ -1,4 +1,4 @@
-"""GPT-OSS mixture-of-experts math in plain torch (no NPU operators).
+"""GPT-OSS mixture-of-experts math: plain-torch references, and the grouped expert MLP on the NPU operators.
 
 GPT-OSS's MoE block differs from the SwiGLU MoE that vllm-ascend 0.11-0.14 hard-codes
 (``npu_ops.md`` §5.2, ``upstream_targets.md`` §4.2, §5.4, §7.2):
@@ -15,6 +15,11 @@ Weight layout used here = transformers' ``GptOssExperts`` = vllm-ascend's layout
 ``process_weights_after_loading`` (``upstream_targets.md`` §4.2, §5.3): ``w13`` ``(E, H, 2I)`` with interleaved
 gate/up columns, ``w13_bias`` ``(E, 2I)``, ``w2`` ``(E, I, H)``, ``w2_bias`` ``(E, H)``.
 
+:func:`swigluoai`, :func:`route_gptoss` and :func:`experts_forward` are plain torch (no NPU operator).
+:func:`grouped_expert_mlp` is the expert MLP the patched vllm-ascend path runs (``gptoss_patch.patches.moe``): two
+``torch_npu.npu_grouped_matmul`` calls with the biases inside, and :func:`swigluoai` in between - the computation
+of vllm-ascend 0.15.0rc1's native ``unquant_apply_mlp`` (``upstream_targets.md`` §7.2).
+
 Sources: openai/gpt-oss ``gpt_oss/torch/model.py`` (``swiglu``, ``MLPBlock``; tag GPTOSS); vLLM
 ``SwigluOAIAndMul.forward_native``; transformers 4.57.1 ``models/gpt_oss/modeling_gpt_oss.py``
 (``GptOssExperts``, ``GptOssTopKRouter``).
@@ -24,11 +29,16 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["swigluoai", "route_gptoss", "experts_forward", "SWIGLUOAI_ALPHA", "SWIGLUOAI_LIMIT"]
+__all__ = ["swigluoai", "route_gptoss", "experts_forward", "normalize_activation", "gmm_bias", "grouped_expert_mlp",
+           "SWIGLUOAI_ALPHA", "SWIGLUOAI_LIMIT", "SILU", "SWIGLUOAI"]
 
 #: GPT-OSS activation constants (GPTOSS ``swiglu``; vLLM ``SwigluOAIAndMul.__init__`` defaults).
 SWIGLUOAI_ALPHA = 1.702
 SWIGLUOAI_LIMIT = 7.0
+
+#: Activation names as vLLM spells them (``FusedMoE(activation=...)``; ``MoEActivation.<X>.value`` from vLLM 0.17).
+SILU = "silu"
+SWIGLUOAI = "swigluoai"
 
 
 def swigluoai(x: torch.Tensor, alpha: float = SWIGLUOAI_ALPHA, limit: float = SWIGLUOAI_LIMIT) -> torch.Tensor:
@@ -134,3 +144,122 @@ def experts_forward(
             y = y + w2_bias[e]
         out.index_add_(0, token_idx, (y * topk_weights[token_idx, slot, None]).to(out.dtype))
     return out
+
+
+def normalize_activation(activation: object) -> str:
+    """The activation name vLLM means, whether it passed a string or an enum member.
+
+    vLLM <= 0.16 passes ``FusedMoE.activation`` as a string (``"swigluoai"``); from 0.17 it passes a
+    ``vllm.model_executor.layers.fused_moe.activation.MoEActivation`` member (an :class:`enum.Enum` whose ``.value`` is
+    that string). vllm-ascend's ``activation == "swigluoai"`` test broke on the enum (vllm-ascend issue #8463, fixed by
+    PR #8465 with ``getattr(activation, "value", activation)``); this is the same normalisation.
+
+    Args:
+        activation: ``str``, an enum member with a ``str`` value, or ``None`` (vllm-ascend's own default, = ``"silu"``).
+
+    Returns:
+        The lower-level name, e.g. ``"swigluoai"`` or ``"silu"``, unchanged in case.
+
+    Raises:
+        TypeError: neither a string nor an object whose ``.value`` is a string.
+    """
+    if activation is None:
+        return SILU
+    value = getattr(activation, "value", activation)
+    if not isinstance(value, str):
+        raise TypeError(f"MoE activation must be a str or an enum with a str value, got {activation!r}")
+    return value
+
+
+def gmm_bias(bias: torch.Tensor | None, x_dtype: torch.dtype) -> list[torch.Tensor] | None:
+    """The ``bias=`` argument ``npu_grouped_matmul`` needs for one 3-D weight: ``[bias]`` in the operator's bias dtype.
+
+    Args:
+        bias: ``(E, N)`` per-expert bias (any floating dtype; the checkpoints store bf16), or ``None``.
+        x_dtype: dtype of the grouped matmul's ``x`` (= its weight dtype).
+
+    Returns:
+        ``None`` for no bias, else ``[bias.to(float32)]`` when ``x`` is bfloat16 and ``[bias.to(x_dtype)]`` otherwise
+        (OPD-gmm data-type tables; OTX-gmm ``biasDtype = BF16 ? FLOAT : xDtype``; ``npu_ops.md`` §5.1). vllm-ascend
+        0.15.0rc1 always passes float32, which the operator rejects for a float16 ``x``.
+
+    Raises:
+        ValueError: ``bias`` is not 2-D.
+    """
+    if bias is None:
+        return None
+    if bias.dim() != 2:
+        raise ValueError(f"expert bias must be (num_experts, N), got shape {tuple(bias.shape)}")
+    want = torch.float32 if x_dtype == torch.bfloat16 else x_dtype
+    return [bias.to(want)]
+
+
+def grouped_expert_mlp(
+    hidden_states: torch.Tensor,
+    w1: torch.Tensor,
+    w2: torch.Tensor,
+    group_list: torch.Tensor,
+    *,
+    group_list_type: int = 1,
+    activation: object = SWIGLUOAI,
+    w1_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    topk_scales: torch.Tensor | None = None,
+    need_trans: bool = False,
+) -> torch.Tensor:
+    """The unquantised expert MLP on rows already grouped by expert, with biases and the model's activation.
+
+    ``y[r] = act(x[r] @ w1[e] + w1_bias[e]) @ w2[e] + w2_bias[e]`` for every row ``r`` of expert ``e``'s group, where
+    ``act`` is :func:`swigluoai` (interleaved gate/up, clamps; plain torch in the GEMM output's dtype, exactly vLLM's
+    ``SwigluOAIAndMul.forward_native`` as vllm-ascend 0.15.0rc1 calls it) or, for ``"silu"``, ``torch_npu.npu_swiglu``
+    (first half gate, second half up - upstream's activation, unchanged). Both GEMMs are one
+    ``torch_npu.npu_grouped_matmul(split_item=2, group_type=0)`` each with the bias inside (:func:`gmm_bias`), the
+    calls of vllm-ascend 0.15.0rc1 ``unquant_apply_mlp`` (``upstream_targets.md`` §7.2).
+
+    Args:
+        hidden_states: ``(M, H)`` rows sorted by expert (bfloat16/float16/float32). Rows past the total of
+            ``group_list`` (dispatcher padding) produce uninitialised output rows, as upstream.
+        w1: ``(E, H, 2I)`` gate/up weight as stored after vllm-ascend's ``process_weights_after_loading``
+            (``(E, 2I, H)`` with ``need_trans=True``); columns interleaved gate/up for ``swigluoai``.
+        w2: ``(E, I, H)`` down weight (``(E, H, I)`` with ``need_trans=True``).
+        group_list: 1-D int64, one entry per local expert: counts (``group_list_type=1``) or cumulative ends (``0``).
+        group_list_type: 0 or 1, passed to the operator.
+        activation: ``"swigluoai"`` or ``"silu"`` (string or enum member, :func:`normalize_activation`).
+        w1_bias: ``(E, 2I)`` or ``None``; ``w2_bias``: ``(E, H)`` or ``None``. With tensor parallelism vLLM's loader
+            keeps ``w2_bias`` on TP rank 0 only (zeros elsewhere), so the all-reduce adds it once.
+        topk_scales: ``(M, 1)`` per-row routing weights applied after the activation (PanguProMoE dispatcher), or ``None``.
+        need_trans: the weights are ``(E, out, in)`` and are used through a transposed view (upstream's flag).
+
+    Returns:
+        ``(M, H)`` in ``hidden_states``' dtype.
+
+    Raises:
+        NotImplementedError: an activation other than ``"swigluoai"``/``"silu"`` (no NPU path computes it here).
+        TypeError: ``activation`` is not a string/enum (:func:`normalize_activation`).
+        RuntimeError: from the operator (shape, dtype, NZ alignment checks).
+    """
+    import torch_npu
+
+    act = normalize_activation(activation)
+    if act not in (SILU, SWIGLUOAI):
+        raise NotImplementedError(f"gptoss-patch MoE MLP supports activation 'swigluoai' or 'silu', got {act!r}")
+    if need_trans:
+        w1 = w1.transpose(1, 2)
+        w2 = w2.transpose(1, 2)
+    gate_up = torch_npu.npu_grouped_matmul(
+        x=[hidden_states], weight=[w1], bias=gmm_bias(w1_bias, hidden_states.dtype), split_item=2,
+        group_list_type=group_list_type, group_type=0, group_list=group_list)[0]
+    if act == SWIGLUOAI:
+        act_out = swigluoai(gate_up.view(-1, gate_up.size(-1)))
+    else:
+        from vllm_ascend.utils import is_310p
+
+        if is_310p():  # upstream's 310P branch: npu_swiglu in float32, back to float16
+            act_out = torch_npu.npu_swiglu(gate_up.to(torch.float32)).to(torch.float16)
+        else:
+            act_out = torch_npu.npu_swiglu(gate_up)
+    if topk_scales is not None:
+        act_out = act_out * topk_scales
+    return torch_npu.npu_grouped_matmul(
+        x=[act_out], weight=[w2], bias=gmm_bias(w2_bias, act_out.dtype), split_item=2,
+        group_list_type=group_list_type, group_type=0, group_list=group_list)[0]

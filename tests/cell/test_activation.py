@@ -36,14 +36,16 @@ def test_fresh_interpreter_applies_and_keeps_sinks(cell):
     st = res["status"]
     assert st["decision"] == "apply" and st["row"] == cell and st["ok"]
     assert st["sources"] == ["import-hook"]
-    assert [(p["name"], p["state"]) for p in st["patches"]] == [("attention.keep_sinks", "applied")]
+    assert all(p["state"] == "applied" for p in st["patches"])
+    assert {"attention.keep_sinks", "attention.sink_window_forward"} <= {p["name"] for p in st["patches"]}
     assert res["kept"] is True
 
 
 def test_disable_leaves_upstream_untouched_and_upstream_drops_sinks():
     res = _result(run_python(CHILD, GPTOSS_PATCH_DISABLE="1"))
-    assert res["status"]["activated"] is False and res["status"]["patches"] == []
+    assert res["status"]["decision"] == "disabled" and res["status"]["patches"] == []
     assert res["has_attr"] is False  # the real upstream bug: sinks vanish into **kwargs
+    assert res["status"]["details"]["guard"].startswith("pending")  # armed, waiting for the GPT-OSS model module
 
 
 WRAP_LAYERS = """
@@ -100,7 +102,8 @@ def test_multiprocessing_children_are_patched(method):
     res = queue.get(timeout=600)
     proc.join(60)
     assert proc.exitcode == 0
-    assert res == {"kept": True, "decision": "apply", "states": ["applied"]}
+    assert res["kept"] is True and res["decision"] == "apply"
+    assert res["states"] and set(res["states"]) == {"applied"}
 
 
 def test_layer_without_sinks_gets_none_and_bad_sinks_are_rejected_naming_the_layer():

@@ -46,11 +46,24 @@ class _Layer:
     layer_name = "model.layers.0.self_attn.attn"
 
 
-def run_forward(impl, case, output=None):
+@contextlib.contextmanager
+def eager_forward_context(metadata):
+    """vLLM's forward context of an eager step (upstream's decode path reads ``capturing`` from it)."""
+    from vllm.forward_context import ForwardContext, override_forward_context
+
+    ctx = ForwardContext(no_compile_layers={}, attn_metadata=metadata, virtual_engine=0)
+    ctx.capturing = False  # set by vllm-ascend's set_ascend_forward_context
+    with override_forward_context(ctx):
+        yield ctx
+
+
+def run_forward(impl, case, output=None, forward=None):
     out = output if output is not None else torch.full((case.num_tokens, impl.num_heads, impl.head_size),
                                                        float("nan"), dtype=case.query.dtype)
-    ret = impl.forward(_Layer(), case.query, case.key, case.value, (case.key_cache, case.value_cache),
-                       case.metadata, output=out, trace_flag=False)
+    fwd = forward or type(impl).forward
+    with eager_forward_context(case.metadata):
+        ret = fwd(impl, _Layer(), case.query, case.key, case.value, (case.key_cache, case.value_cache),
+                  case.metadata, output=out, trace_flag=False)
     return out, ret
 
 
@@ -127,7 +140,9 @@ def test_decode_with_graph_padding_fills_real_rows_only():
     assert (out[:3] - ref).abs().max().item() <= 1e-5
 
 
-@pytest.mark.parametrize("state", list(STATE_CASES))
+# SpecDecoding is left out: 0.11's model runner enters it only for deepseek_mtp, where _make_attention_mask
+# gives no mask and upstream's _forward_v1_style asserts one - no plain-attention model reaches it.
+@pytest.mark.parametrize("state", [s for s in STATE_CASES if s != "SpecDecoding"])
 def test_layer_without_sinks_or_window_is_bit_identical_to_upstream(state):
     spec = STATE_CASES[state]
     st_ = _state(spec["state"]) if "state" in spec else None
@@ -140,9 +155,7 @@ def test_layer_without_sinks_or_window_is_bit_identical_to_upstream(state):
     upstream_forward = aa.AscendAttentionBackendImpl.forward.__wrapped__
     case2 = build_case(spec["seqs"], num_heads=8, num_kv_heads=1, dtype=torch.bfloat16, seed=11, state=st_)
     impl2 = make_impl(8, 1, None, None)
-    out2 = torch.full_like(patched, float("nan"))
-    upstream_forward(impl2, _Layer(), case2.query, case2.key, case2.value, (case2.key_cache, case2.value_cache),
-                     case2.metadata, output=out2, trace_flag=False)
+    out2, _ = run_forward(impl2, case2, forward=upstream_forward)
     assert torch.equal(patched, out2)
 
 

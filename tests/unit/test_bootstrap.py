@@ -29,10 +29,33 @@ def test_finder_installed_and_waiting(bare_site):
     assert "_ActivateOnImport" in proc.stdout and proc.stderr == ""
 
 
-def test_disable_means_nothing_happens(bare_site):
+def test_disable_patches_nothing_but_keeps_the_guard_armed(bare_site, tmp_path):
     py, _ = bare_site
-    proc = run(py, "import sys; print([type(f).__name__ for f in sys.meta_path])", GPTOSS_PATCH_DISABLE="1")
-    assert "_ActivateOnImport" not in proc.stdout and proc.returncode == 0 and proc.stderr == ""
+    fake = tmp_path / "src" / "vllm_ascend"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    code = ("import gptoss_patch, json, vllm_ascend; s = gptoss_patch.status(); "
+            "print(json.dumps([s.decision, s.patches, s.details.get('guard', '')]))")
+    proc = run(py, code, GPTOSS_PATCH_DISABLE="1", PYTHONPATH=_deps_path(tmp_path))
+    import json
+
+    decision, patches, guard = json.loads(proc.stdout)
+    assert decision == "disabled" and patches == [] and proc.returncode == 0, proc.stderr
+
+
+def _deps_path(tmp_path):
+    """PYTHONPATH with a fake vllm_ascend (tmp/src) and copies of the runtime dependencies only."""
+    import os
+    import shutil
+
+    import packaging
+    import wrapt
+
+    deps = tmp_path / "deps"
+    if not deps.exists():
+        for m in (packaging, wrapt):
+            shutil.copytree(os.path.dirname(m.__file__), deps / m.__name__)
+    return os.pathsep.join([str(tmp_path / "src"), str(deps)])
 
 
 def test_fault_inside_the_bootstrap_never_breaks_start_up(bare_site):

@@ -161,9 +161,7 @@ def tnd_case(seqs, n, kvn, d, gen, block_size=128, heads_major=False):
         ks.append(rand(gen, kl, kvn, d))
         vs.append(rand(gen, kl, kvn, d))
     kc, table = make_paged(ks, block_size, kvn, gen, heads_major)
-    vc, _ = make_paged(vs, block_size, kvn, gen, heads_major)
-    # the value cache must use the same table: rebuild it with the key table
-    vc = torch.full_like(kc, float("nan"))
+    vc = torch.full_like(kc, float("nan"))  # the value cache uses the key cache's block table
     for b, x in enumerate(vs):
         for p in range(x.shape[0]):
             blk, off = int(table[b, p // block_size]), p % block_size
@@ -481,8 +479,8 @@ def test_sparse_mode_geometry(sq, skv, mode, pre, nxt, layout, seed):
             sq_pad = sq
         args = (q[None], k[None], v[None])
         kw.update(input_layout="BSND")
-    if mode == 4 and pre + nxt < 0:
-        with pytest.raises(RuntimeError, match="pre_tokens"):
+    if mode == 4 and (pre + nxt < 0 or (layout == "TND" and skv and (pre + sq < 0 or nxt + skv < 0))):
+        with pytest.raises(RuntimeError, match="pre_tokens"):  # OTX-pfat CheckVarLenPreNextToken
             FIA(*args, **kw)
         return
     out, lse = FIA(*args, **kw)
@@ -734,6 +732,7 @@ SWA_MASK = (torch.ones(2048, 2048, dtype=torch.bool).triu(1) | torch.ones(2048, 
     (dict(atten_mask=SWA_MASK, sparse_mode=4, pre_tokens=128, next_tokens=0), "atten_mask .*template"),
     (dict(sparse_mode=4, pre_tokens=-5, next_tokens=2), r"pre_tokens \(-5\) \+ next_tokens \(2\)"),
     (dict(sparse_mode=5), "sparse_mode=5 is not supported"),
+    (dict(sparse_mode=4, pre_tokens=-3, next_tokens=50), r"batch 0: actual_seq_lengths length \(2\) \+ pre_tokens"),
     (dict(actual_seq_lengths=[2, 4]), r"query T \(3\) must equal the last element of actual_seq_lengths \(4\)"),
     (dict(actual_seq_lengths=[2, 1]), "actual_seq_lengths is cumulative and must be non-decreasing"),
     (dict(actual_seq_lengths_kv=None), "actual_seq_lengths and actual_seq_lengths_kv are both required"),
@@ -753,7 +752,8 @@ def test_tnd_batch_limit_4096():
     q = torch.zeros(4097, 8, 64)
     kv = torch.zeros(4097, 1, 64)
     cum = list(range(1, 4098))
-    with pytest.raises(RuntimeError, match="actual_seq_lengths has 4097 batches; input_layout TND supports at most 4096"):
+    msg = "actual_seq_lengths has 4097 batches; input_layout TND supports at most 4096"
+    with pytest.raises(RuntimeError, match=msg):
         FIA(q, kv, kv, input_layout="TND", actual_seq_lengths=cum, actual_seq_lengths_kv=cum, num_heads=8,
             num_key_value_heads=1, atten_mask=TEMPLATE, sparse_mode=3)
 

@@ -158,7 +158,7 @@ def test_replay_matches_eager_for_a_whole_transformer_forward():
     with torch.inference_mode():
         g, logits = _capture(lambda: model(input_ids=ids, position_ids=positions, use_cache=False).logits)
         assert g.sim_host_reads == []
-        for step in range(3):
+        for _ in range(3):
             ids.copy_(torch.randint(0, 97, (2, 5)))
             positions.add_(1)
             g.replay()

@@ -67,7 +67,8 @@ def _build_modules() -> dict[str, types.ModuleType]:
     npu_attrs = {k: getattr(device, k) for k in (
         "Stream", "Event", "current_stream", "default_stream", "set_stream", "stream", "current_device",
         "device_count", "is_available", "set_device", "device", "synchronize", "get_device_name",
-        "get_soc_version", "mem_get_info", "empty_cache", "set_compile_mode", "config", "_lazy_init")}
+        "get_soc_version", "mem_get_info", "empty_cache", "set_compile_mode", "config", "_lazy_init",
+        "_is_in_bad_fork", "manual_seed", "manual_seed_all")}
     npu_attrs.update(graph.NAMESPACE)
 
     add("torch_npu", {"__version__": "2.7.1+gptoss.sim", **ops.OPS})
@@ -141,6 +142,7 @@ def install(force: bool = False) -> types.ModuleType:
         device.mirror_privateuse1_kernels_to_cpu()
         device.enter_device_mapping()
         device.give_gloo_an_hccl_name()
+        device.add_is_hccl_available()
         from gptoss_patch.testing.npu_sim.ops import moe as _moe_ops
 
         _moe_ops.register_c_ascend_ops()

@@ -263,6 +263,7 @@ def _is_npu(d: Any) -> bool:
 
 
 _mode = None
+_PIN_MEMORY = None
 
 
 def enter_device_mapping() -> None:
@@ -275,15 +276,23 @@ def enter_device_mapping() -> None:
     (``shared/reference/simulator_notes.md``). Torch function modes are thread-local: call this in
     every thread that allocates on the simulated device.
     """
-    global _mode
+    global _mode, _PIN_MEMORY
     import torch
     from torch.overrides import TorchFunctionMode
+
+    _PIN_MEMORY = torch.Tensor.pin_memory
 
     class NPUOnCPU(TorchFunctionMode):
         """Rewrites ``device`` arguments that name the NPU to ``"cpu"``."""
 
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if func is _PIN_MEMORY:
+                # ``Tensor.pin_memory()`` (vllm-ascend 0.15's metadata builder calls it before ``.to("npu")``):
+                # page-locking is a transfer-speed property with no effect on values, and the simulated device
+                # shares host memory; PyTorch's CPU pin_memory would ask for the PrivateUse1 hooks the simulator
+                # does not register. Return a copy, as pin_memory() of an unpinned tensor does.
+                return args[0].clone()
             dev = kwargs.get("device")
             # an int device is an index of the accelerator (torch.npu.current_device() returns one)
             if dev is not None and (_is_npu(dev) or (isinstance(dev, int) and not isinstance(dev, bool))):
@@ -326,3 +335,36 @@ def give_gloo_an_hccl_name() -> None:
         return f"gptoss-sim-gloo-rank{rank}"
 
     cls.get_hccl_comm_name = get_hccl_comm_name
+
+
+def add_is_hccl_available() -> None:
+    """``torch.distributed.is_hccl_available``: added to ``torch.distributed``, answering False.
+
+    The real torch_npu installs this function into ``torch.distributed`` at import (documented torch_npu
+    API "(beta) torch.distributed.is_hccl_available", Ascend/op-plugin docs). vllm-ascend >= 0.15 imports it
+    by name while its general plugin ``register_model_loader`` loads
+    (vllm_ascend/model_loader/netloader/executor/netloader_pg.py), so without it vLLM cannot even build an
+    engine config on the simulator. The simulator has no HCCL backend (collectives run on gloo), so the
+    honest answer is False; the only caller then raises "HCCL is not available" on the elastic net-loader
+    path, which the simulator does not support.
+    """
+    import torch.distributed as dist
+
+    if not hasattr(dist, "is_hccl_available"):
+        def is_hccl_available() -> bool:
+            return False
+
+        dist.is_hccl_available = is_hccl_available  # type: ignore[attr-defined]
+
+
+def _is_in_bad_fork() -> bool:
+    """``torch.npu._is_in_bad_fork``: False - the CPU-backed device survives ``fork`` (no device context to lose)."""
+    return False
+
+
+def manual_seed(seed: int) -> None:
+    """``torch.npu.manual_seed``: the simulated device draws from the CPU generator, seeded by ``torch.manual_seed``."""
+
+
+def manual_seed_all(seed: int) -> None:
+    """``torch.npu.manual_seed_all``: see :func:`manual_seed` (one device)."""

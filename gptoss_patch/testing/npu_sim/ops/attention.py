@@ -71,7 +71,6 @@ Performance
 from __future__ import annotations
 
 import inspect
-import math
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -249,7 +248,9 @@ _template_ok_cache: dict[tuple, bool] = {}
 def _is_causal_template(mask: torch.Tensor) -> bool:
     """True when ``mask`` (2-D view) is nonzero exactly above the diagonal (``triu(ones, 1)``), cached per buffer."""
     m2 = mask.reshape(mask.shape[-2], mask.shape[-1])
-    key = (m2.data_ptr(), m2._version, tuple(m2.shape), tuple(m2.stride()), m2.dtype)
+    # inference-mode tensors keep no version counter (and cannot be modified outside inference mode)
+    version = -1 if m2.is_inference() else m2._version
+    key = (m2.data_ptr(), version, tuple(m2.shape), tuple(m2.stride()), m2.dtype)
     hit = _template_ok_cache.get(key)
     if hit is not None:
         return hit
@@ -651,8 +652,12 @@ def _fia_prepare(a: _Fia) -> _Plan:  # noqa: C901 - one validation routine per d
         if need and max(need) > bt.shape[1]:
             _fail(op, f"block_table second dim ({bt.shape[1]}) is smaller than the blocks needed by "
                       f"{nm['kvlens']} (max {max(need)} blocks of {bs})")
-        if sum(need) > num_blocks:
-            _fail(op, f"the KV cache has {num_blocks} blocks but {nm['kvlens']} needs {sum(need)}")
+        # Sequences may share physical blocks (prefix caching), so the documented "num_blocks >= blocks
+        # needed" is checked per referenced block id: every id a sequence reads must exist in the cache.
+        for job, nb in zip(jobs, need):
+            if nb and int(bt[job.b, :nb].max()) >= num_blocks:
+                _fail(op, f"block_table row {job.b} references block {int(bt[job.b, :nb].max())} but the KV cache "
+                          f"has {num_blocks} blocks")
 
     # ---- masking -------------------------------------------------------------------------------
     mask = a.atten_mask
@@ -686,6 +691,12 @@ def _fia_prepare(a: _Fia) -> _Plan:  # noqa: C901 - one validation routine per d
                           "sparse_mode/pre_tokens/next_tokens, a custom mask here is not honoured by the kernel")
             if mode == 4 and int(a.pre_tokens) + int(a.next_tokens) < 0:
                 _fail(op, f"pre_tokens ({a.pre_tokens}) + next_tokens ({a.next_tokens}) must be >= 0 for sparse_mode=4")
+            if mode == 4 and tnd:  # OTX-pfat CheckVarLenPreNextToken (batches with both lengths > 0)
+                for j in jobs:
+                    if j.sq and j.skv and (int(a.pre_tokens) + j.sq < 0 or int(a.next_tokens) + j.skv < 0):
+                        _fail(op, f"batch {j.b}: {nm['qlens']} length ({j.sq}) + pre_tokens ({a.pre_tokens}) and "
+                                  f"{nm['kvlens']} length ({j.skv}) + next_tokens ({a.next_tokens}) must be >= 0 "
+                                  "for sparse_mode=4")
         elif mask is not None or mode == 1:
             if mask is None:
                 _fail(op, "atten_mask (the full mask) is required for sparse_mode=1")
@@ -716,8 +727,8 @@ def _fia_prepare(a: _Fia) -> _Plan:  # noqa: C901 - one validation routine per d
             _fail(op, f"learnable_sink length ({s.shape[0]}) must equal {nm['num_heads']} ({n})")
         ok = (torch.bfloat16, torch.float32) if ACCEPT_FLOAT32 else (torch.bfloat16,)
         if s.dtype not in ok:
-            _fail(op, f"learnable_sink must be bfloat16{' (or float32, simulator extension)' if ACCEPT_FLOAT32 else ''},"
-                      f" got {s.dtype}")
+            ext = " (or float32, a simulator extension)" if ACCEPT_FLOAT32 else ""
+            _fail(op, f"learnable_sink must be bfloat16{ext}, got {s.dtype}")
         sink = s.detach().to(torch.float32)
 
     if tnd:
@@ -921,7 +932,8 @@ def npu_fused_infer_attention_score(query, key, value, **kwargs):
             ``num_key_value_heads`` or ratio > 64, N > 256, D not a multiple of 16 or > 512, TND with > 4096
             batches / missing or decreasing lengths / ``T`` != last cumulative length, ``sparse_mode`` not in
             0-4, mask shape for modes 2-4 not (1,)(1,)2048x2048 or not the causal template, band
-            ``pre_tokens + next_tokens < 0``, block_size rules (TND: multiple of 16, <= 1024; Q_S > 1 in
+            ``pre_tokens + next_tokens < 0`` or (TND) a batch with ``Sq + pre_tokens < 0`` or
+            ``Skv + next_tokens < 0`` (OTX-pfat ``CheckVarLenPreNextToken``), block_size rules (TND: multiple of 16, <= 1024; Q_S > 1 in
             BSH/BSND/BNSD: multiple of 128 in [128, 512]; Q_S = 1: <= 512), block_table shape/dtype, too few
             blocks, out-of-range block ids).
         NotEmulatedError: quantisation, pse, rope, shared-prefix or padding-size arguments, NTD-style layouts.

@@ -1,0 +1,261 @@
+"""MoE: run GPT-OSS experts with their ``swigluoai`` activation and both expert biases.
+
+Why
+    GPT-OSS builds its experts as ``FusedMoE(..., has_bias=True, activation="swigluoai")`` (vLLM ``gpt_oss.py``
+    ``MLPBlock``; upstream_targets.md §5.2): the gate/up projection output is *interleaved* (gate = ``x[..., 0::2]``
+    clamped to max 7, up = ``x[..., 1::2]`` clamped to ±7, ``out = (up + 1) * gate * sigmoid(1.702 * gate)``), and
+    ``w13_bias`` / ``w2_bias`` are added inside the two GEMMs. vllm-ascend 0.11.0rc1 ... 0.14.0rc1 swallow
+    ``activation`` in ``AscendUnquantizedFusedMoEMethod.apply(**kwargs)``, never pass the biases, and
+    ``unquant_apply_mlp`` always runs ``torch_npu.npu_swiglu`` (first half gate, second half up, no clamp, no +1)
+    (upstream_targets.md §4.2; vllm-ascend issue #4283). The server runs and the MoE output is wrong.
+How
+    Three ``wrapt`` wrappers and one per-call :class:`contextvars.ContextVar` carry ``(activation, w1_bias, w2_bias)``
+    from the quant method to the expert MLP, through whichever communication method the forward context picked
+    (AllGather, NaiveMulticast, All2All and MC2 all inherit ``MoECommMethod.fused_experts``; their dispatchers and
+    combiners need nothing: the biases act per expert row inside the GEMMs and the combine weights the rows as before):
+
+    * ``moe.unquant_apply`` wraps ``AscendUnquantizedFusedMoEMethod.apply``: reads ``activation`` from its keyword
+      arguments (string, or the ``MoEActivation`` enum vLLM >= 0.17 passes - normalised by ``.value``, vllm-ascend
+      issue #8463) and, when the layer's ``FusedMoEConfig.has_bias`` is set (``self.moe.has_bias``; the attribute
+      0.11.0 has), ``layer.w13_bias`` / ``layer.w2_bias``; it sets the context for the duration of the original call.
+      Routing stays upstream's (``select_experts`` -> ``npu_moe_gating_top_k_softmax`` + renormalise = GPT-OSS's
+      softmax over the top-4 logits; proved in ``tests/cell/test_moe.py``).
+    * ``moe.fused_experts`` wraps ``MoECommMethod.fused_experts``: accepts vllm-ascend 0.15's ``w1_bias=`` /
+      ``w2_bias=`` keywords and honours its own ``activation`` parameter (ignored upstream); explicit arguments
+      override the context set by ``apply``.
+    * ``moe.apply_mlp`` wraps ``moe_mlp.unified_apply_mlp`` (also rebound in ``moe_comm_method``, which imports it by
+      value, upstream_targets.md §3.5): accepts 0.15's ``activation=`` / ``w1_bias=`` / ``w2_bias=`` keywords or reads
+      the context, and runs :func:`gptoss_patch.kernels.moe.grouped_expert_mlp`: ``npu_grouped_matmul`` with
+      ``bias=[w1_bias as float32]`` (for bf16), :func:`~gptoss_patch.kernels.moe.swigluoai` in plain torch (vLLM's
+      ``SwigluOAIAndMul.forward_native``, as vllm-ascend 0.15.0rc1 does), ``npu_grouped_matmul`` with ``w2_bias``.
+
+    A layer with ``activation="silu"`` and no bias (every non-GPT-OSS model) never sets the context and calls
+    upstream's code unchanged (bit-identical output); so does any activation the patch does not implement (logged
+    once). A quantised MoE path reached with ``swigluoai`` or biases raises :class:`NotImplementedError` instead of
+    computing garbage.
+
+    Tensor parallelism: vLLM's loader keeps ``w2_bias`` on TP rank 0 and zeroes it on the others
+    (``GptOssModel._load_weights_other``), so the all-reduce after the MoE adds it once. Expert parallelism: each rank
+    holds its own experts' biases; the dispatchers only send a rank the rows of its experts.
+Upstream releases
+    vllm-ascend 0.11.0rc1 ... 0.11.0 (layout B: ``vllm_ascend.ops.common_fused_moe`` + ``vllm_ascend.ops.moe.*``).
+    0.12.0rc1 ... 0.14.0rc1 keep the same behaviour under ``vllm_ascend.ops.fused_moe.*`` with other signatures (need
+    their own layout rows). 0.15.0rc1 consumes ``activation`` and the biases natively; the structural checks refuse
+    targets that already have those parameters.
+Remove when
+    the oldest supported vllm-ascend is >= 0.15.0rc1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from gptoss_patch.registry import PatchSpec
+
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class MoEExtras:
+    """What upstream drops on the way from the quant method to the expert MLP.
+
+    Attributes:
+        activation: normalised activation name (``"swigluoai"``, ``"silu"``, ...).
+        w1_bias: ``(E_local, 2I)`` gate/up bias (the layer's ``w13_bias`` parameter, not a copy) or ``None``.
+        w2_bias: ``(E_local, H)`` down bias (``w2_bias``) or ``None``.
+    """
+
+    activation: str
+    w1_bias: Any = None
+    w2_bias: Any = None
+
+    @property
+    def is_upstream(self) -> bool:
+        """True when upstream's computation runs unchanged.
+
+        That is every call except ``swigluoai`` and ``silu`` with a bias: ``silu`` without bias is already right
+        upstream, and an activation this patch does not implement (e.g. ``gelu``, which vllm-ascend < 0.15 also runs
+        as ``npu_swiglu``) is left to upstream with a one-time warning, so no non-GPT-OSS model changes behaviour.
+        """
+        from gptoss_patch.kernels.moe import SILU, SWIGLUOAI
+
+        if self.activation == SWIGLUOAI:
+            return False
+        if self.activation == SILU:
+            return self.w1_bias is None and self.w2_bias is None
+        _warn_unsupported(self.activation)
+        return True
+
+
+_warned: set[str] = set()
+
+
+def _warn_unsupported(activation: str) -> None:
+    if activation not in _warned:
+        _warned.add(activation)
+        import logging
+
+        logging.getLogger("gptoss_patch").warning(
+            "gptoss-patch: MoE activation %r is not implemented by the patch; vllm-ascend's npu_swiglu path runs "
+            "unchanged (its results are wrong for that activation)", activation)
+
+
+_EXTRAS: contextvars.ContextVar[MoEExtras | None] = contextvars.ContextVar("gptoss_patch_moe_extras", default=None)
+
+
+def current_extras() -> MoEExtras | None:
+    """The :class:`MoEExtras` in force for the MoE call running in this context (``None`` outside one)."""
+    return _EXTRAS.get()
+
+
+@contextlib.contextmanager
+def _scope(extras: MoEExtras) -> Iterator[None]:
+    token = _EXTRAS.set(extras)
+    try:
+        yield
+    finally:
+        _EXTRAS.reset(token)
+
+
+def _merge(activation: Any, w1_bias: Any, w2_bias: Any) -> MoEExtras | None:
+    """Explicit arguments (``activation`` may be :data:`_UNSET`) layered over the context; ``None`` if neither."""
+    from gptoss_patch.kernels.moe import SILU, normalize_activation
+
+    base = _EXTRAS.get()
+    if activation is _UNSET and w1_bias is None and w2_bias is None:
+        return base
+    base = base or MoEExtras(SILU)
+    return MoEExtras(
+        normalize_activation(activation) if activation is not _UNSET else base.activation,
+        w1_bias if w1_bias is not None else base.w1_bias,
+        w2_bias if w2_bias is not None else base.w2_bias,
+    )
+
+
+def layer_extras(method: Any, layer: Any, activation: Any) -> MoEExtras:
+    """The :class:`MoEExtras` of one ``apply`` call.
+
+    Args:
+        method: the unquantised MoE method (``AscendUnquantizedFusedMoEMethod``); ``method.moe`` is the layer's
+            ``FusedMoEConfig`` whose ``has_bias`` says whether the layer was built with ``has_bias=True``.
+        layer: the ``AscendFusedMoE`` layer (holds ``w13_bias`` ``(E_local, 2I)`` and ``w2_bias`` ``(E_local, H)``
+            when it has biases).
+        activation: ``FusedMoE.activation`` as passed by ``forward_impl`` (string or enum; ``None`` = ``"silu"``).
+
+    Raises:
+        AttributeError: ``has_bias`` is set but the layer has no ``w13_bias``/``w2_bias`` parameters.
+        TypeError: an activation that is neither a string nor a string-valued enum.
+    """
+    from gptoss_patch.kernels.moe import normalize_activation
+
+    config = getattr(method, "moe", None) or getattr(layer, "moe_config", None)
+    has_bias = bool(getattr(config, "has_bias", False))
+    act = normalize_activation(activation)
+    if not has_bias:
+        return MoEExtras(act)
+    missing = [n for n in ("w13_bias", "w2_bias") if getattr(layer, n, None) is None]
+    if missing:
+        raise AttributeError(f"MoE layer {getattr(layer, 'layer_name', layer)!r} was built with has_bias=True but has "
+                             f"no {' / '.join(missing)}")
+    return MoEExtras(act, layer.w13_bias, layer.w2_bias)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# wrappers
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _apply_layer(layer, *args, **kwargs):
+    return layer
+
+
+def _unquant_apply(wrapped, instance, args, kwargs):
+    """wrapt wrapper for ``AscendUnquantizedFusedMoEMethod.apply(layer, x, use_grouped_topk, top_k, router_logits,
+    renormalize, ..., **kwargs)``: sets the call's :class:`MoEExtras` (``activation`` arrives in ``**kwargs``)."""
+    extras = layer_extras(instance, _apply_layer(*args, **kwargs), kwargs.get("activation"))
+    if extras.is_upstream and _EXTRAS.get() is None:
+        return wrapped(*args, **kwargs)
+    with _scope(extras):
+        return wrapped(*args, **kwargs)
+
+
+def _fused_experts(wrapped, instance, args, kwargs):
+    """wrapt wrapper for ``MoECommMethod.fused_experts(hidden_states, w1, w2, topk_weights, topk_ids,
+    activation="silu", ...)``: also takes ``w1_bias=`` / ``w2_bias=`` (vllm-ascend 0.15 keywords)."""
+    w1_bias = kwargs.pop("w1_bias", None)
+    w2_bias = kwargs.pop("w2_bias", None)
+    if "activation" in kwargs:
+        activation = kwargs["activation"]
+    elif len(args) > 5:
+        activation = args[5]
+    else:
+        activation = _UNSET
+    if activation is _UNSET and w1_bias is None and w2_bias is None:
+        return wrapped(*args, **kwargs)  # the context set by apply (if any) stays in force
+    extras = _merge(activation, w1_bias, w2_bias)
+    with _scope(extras):
+        return wrapped(*args, **kwargs)
+
+
+def _bind_mlp_011(hidden_states, w1, w1_scale, w2, w2_scale, group_list, dynamic_scale=None, group_list_type=1,
+                  w1_scale_bias=None, w2_scale_bias=None, topk_scales=None, with_quant=False, fusion=False,
+                  need_trans=True, dynamic_eplb=False):
+    return {"hidden_states": hidden_states, "w1": w1, "w2": w2, "group_list": group_list,
+            "group_list_type": group_list_type, "topk_scales": topk_scales, "with_quant": with_quant,
+            "need_trans": need_trans}
+
+
+def _apply_mlp_011(wrapped, instance, args, kwargs):
+    """wrapt wrapper for 0.11.x ``moe_mlp.unified_apply_mlp(hidden_states, w1, w1_scale, w2, w2_scale, group_list,
+    ..., topk_scales=None, with_quant=False, fusion=False, need_trans=True, dynamic_eplb=False)``.
+
+    Shapes: ``hidden_states`` ``(M, H)`` sorted by expert; ``w1`` ``(E, H, 2I)``, ``w2`` ``(E, I, H)`` (as stored after
+    ``process_weights_after_loading``, ``need_trans=False``); ``group_list`` int64 ``(E,)``. Returns ``(M, H)``.
+    """
+    extras = _merge(kwargs.pop("activation", _UNSET), kwargs.pop("w1_bias", None), kwargs.pop("w2_bias", None))
+    if extras is None or extras.is_upstream:
+        return wrapped(*args, **kwargs)
+    b = _bind_mlp_011(*args, **kwargs)
+    if b["with_quant"]:
+        raise NotImplementedError(
+            f"gptoss-patch: a quantised MoE with activation {extras.activation!r} and/or expert biases is not "
+            "supported on vllm-ascend < 0.15 (use the BF16 checkpoint)")
+    from gptoss_patch.kernels.moe import grouped_expert_mlp
+
+    return grouped_expert_mlp(b["hidden_states"], b["w1"], b["w2"], b["group_list"],
+                              group_list_type=b["group_list_type"], activation=extras.activation,
+                              w1_bias=extras.w1_bias, w2_bias=extras.w2_bias, topk_scales=b["topk_scales"],
+                              need_trans=b["need_trans"])
+
+
+PATCHES = [
+    PatchSpec(
+        name="moe.unquant_apply",
+        target_key="moe_unquant_apply",
+        wrapper=_unquant_apply,
+        params=("layer", "x", "router_logits", "top_k", "renormalize", "**"),
+        absent_params=("activation",),
+        summary="the unquantised MoE method forwards the layer's activation (str or enum) and w13_bias/w2_bias",
+    ),
+    PatchSpec(
+        name="moe.fused_experts",
+        target_key="moe_fused_experts",
+        wrapper=_fused_experts,
+        params=("hidden_states", "w1", "w2", "topk_weights", "topk_ids", "activation", "need_trans"),
+        absent_params=("w1_bias", "w2_bias"),
+        summary="every MoE communication method honours activation and takes w1_bias/w2_bias",
+    ),
+    PatchSpec(
+        name="moe.apply_mlp",
+        target_key="moe_unified_apply_mlp_011",
+        wrapper=_apply_mlp_011,
+        params=("hidden_states", "w1", "w1_scale", "w2", "w2_scale", "group_list", "group_list_type",
+                "topk_scales", "with_quant", "need_trans"),
+        absent_params=("activation", "w1_bias", "w2_bias"),
+        rebind_keys=("moe_comm_method_module",),
+        summary="expert MLP: grouped matmuls with the biases, swigluoai (interleaved, clamped) in between",
+    ),
+]

@@ -1,0 +1,329 @@
+"""Harness of the 0.15.0rc1 calibration cell: vLLM 0.15.0 + vllm-ascend 0.15.0rc1 (native GPT-OSS) on the simulator.
+
+vllm-ascend >= 0.15.0rc1 runs GPT-OSS without our patches and was validated on hardware (commit 7221045777,
+PR #5901; ``shared/reference/upstream_targets.md`` §7). Running *its* code on the CPU NPU simulator and
+comparing with Hugging Face transformers calibrates the simulator. This module builds what that needs,
+the way vLLM and vllm-ascend 0.15 do at run time:
+
+* :func:`vllm_context` - a real ``VllmConfig`` for a tiny GPT-OSS checkpoint and the worker-side start-up of
+  ``vllm_ascend/worker/worker.py`` (``NPUWorker.__init__`` and ``_init_worker_distributed_environment``),
+  once per process.
+* :func:`build_case` - one attention batch: paged KV cache, new q/k/v, and the :class:`AscendMetadata` made
+  by 0.15's own ``AscendAttentionMetadataBuilder.build`` from an ``AscendCommonAttentionMetadata`` (the
+  0.15 builder makes its own masks: ``attn_mask`` = 2048² int8 causal template, ``swa_mask`` = 2048² bool
+  band, ``attention/attention_mask.py``). The attention state follows 0.15's
+  ``NPUModelRunner._build_attn_state``.
+* :func:`make_impl`, :func:`run_native_forward` - 0.15's ``AscendAttentionBackendImpl`` built with the
+  arguments vLLM's ``Attention.__init__`` passes (``sinks=`` as an extra impl argument), and its eager
+  ``forward`` inside ``set_ascend_forward_context``.
+* :func:`load_native_model` - the whole tiny model through vLLM's model loader (``get_model``), so the MoE
+  layer is vLLM's ``MLPBlock`` whose ``FusedMoE`` was swapped for ``AscendFusedMoE`` by
+  ``register_ascend_customop`` and whose weights came through ``GptOssModel._load_weights_other``.
+
+The transformers references are :func:`gptoss_patch.testing.attention_case.reference_output` (attention)
+and ``GptOssForCausalLM.from_pretrained`` on the same checkpoint (MoE).
+
+What cannot run here, and why (each checked by :func:`vllm_context`):
+
+* ``adapt_patch()`` (the worker patches) imports ``vllm.transformers_utils.processors``, which imports
+  ``torchvision``; no torchvision imports beside the cell's CPU torch 2.13 (machine notes). The worker
+  patch package then stops at ``patch_huanyuan_vl``: the nine patch modules listed before it are applied,
+  the four from ``patch_huanyuan_vl`` on (HunYuan-VL processor, routed-experts capturer - used only with
+  ``enable_return_routed_experts`` -, Triton NPU-graph, Kimi-K2.5) are not; none is on GPT-OSS's eager
+  attention or MoE path. :data:`WORKER_PATCHES_APPLIED` lists the applied ones and :func:`vllm_context`
+  asserts exactly that set.
+* ``_register_atb_extensions()`` loads vllm-ascend's compiled ATB library; the simulator provides the
+  operators instead.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from gptoss_patch.testing.attention_case import Case
+
+#: The worker patch modules of vllm-ascend 0.15.0rc1 (``vllm_ascend/patch/worker/__init__.py``, in order)
+#: that get applied here before the package import stops at ``patch_huanyuan_vl`` (torchvision).
+WORKER_PATCHES_APPLIED = (
+    "vllm_ascend.patch.worker.patch_unquantized_gemm",
+    "vllm_ascend.patch.worker.patch_bert",
+    "vllm_ascend.patch.worker.patch_distributed",
+    "vllm_ascend.patch.worker.patch_multimodal_merge",
+    "vllm_ascend.patch.worker.patch_qwen3_next",
+    "vllm_ascend.patch.worker.patch_qwen3_next_mtp",
+    "vllm_ascend.patch.worker.patch_rejection_sampler",
+    "vllm_ascend.patch.worker.patch_v2_eagle",
+    "vllm_ascend.patch.worker.patch_v2_uva",
+)
+
+BLOCK_SIZE = 128  # AscendAttentionBackend.get_supported_kernel_block_sizes() in 0.15.0rc1
+
+_lock = threading.Lock()
+_context: dict[str, Any] = {}
+
+
+def vllm_context(ckpt_dir: str | None = None, dtype: str = "float32"):
+    """The process-wide ``VllmConfig`` of the calibration cell, with vllm-ascend's worker start-up done.
+
+    Args:
+        ckpt_dir: a tiny GPT-OSS checkpoint (:func:`gptoss_patch.testing.tiny.write_checkpoint`); written to a
+            temporary directory when None.
+        dtype: model dtype of the engine config (``"float32"`` so that MoE weights and activations can be
+            compared with transformers at float32 precision; attention inputs carry their own dtype).
+
+    Returns:
+        ``(vllm_config, ckpt_dir)``. The first call takes ~25 s (vLLM inspects the model class in a child
+        interpreter); later calls return the same objects (one distributed world per process). A second call
+        with a different ``dtype`` raises ``RuntimeError``.
+
+    Raises:
+        RuntimeError: the worker patches applied differ from :data:`WORKER_PATCHES_APPLIED`, or ``adapt_patch``
+            failed for another reason than the missing ``torchvision``.
+
+    Sources: vllm_ascend 0.15.0rc1 ``worker/worker.py`` (``NPUWorker.__init__``: ``adapt_patch``,
+    ``ops.register_dummy_fusion_op``, ``register_ascend_customop``, ``init_ascend_config``,
+    ``check_ascend_device_type``; ``_init_worker_distributed_environment``: ``init_distributed_environment``,
+    ``ensure_model_parallel_initialized(tp, pp, pcp, dcp)``, ``init_ascend_model_parallel``).
+    """
+    with _lock:
+        if _context:
+            if _context["dtype"] != dtype:
+                raise RuntimeError(f"the cell's vLLM context was created with dtype {_context['dtype']}, not {dtype}")
+            return _context["config"], _context["ckpt"]
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from gptoss_patch.testing import npu_sim
+
+        npu_sim.install()
+        if ckpt_dir is None:
+            from gptoss_patch.testing.tiny import write_checkpoint
+
+            ckpt_dir = tempfile.mkdtemp(prefix="gptoss-015-ckpt-")
+            write_checkpoint(ckpt_dir, preset="tiny", seed=0, tokenizer=False)
+        from vllm.config import set_current_vllm_config
+        from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+        from vllm.engine.arg_utils import EngineArgs
+
+        cfg = EngineArgs(model=ckpt_dir, dtype=dtype, enforce_eager=True, max_model_len=1024,
+                         skip_tokenizer_init=True, block_size=BLOCK_SIZE).create_engine_config()
+        with set_current_vllm_config(cfg):
+            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                         distributed_init_method=f"file://{tempfile.mktemp(prefix='gptoss-015-')}")
+            ensure_model_parallel_initialized(1, 1, 1, 1)
+            from vllm_ascend import ops
+            from vllm_ascend.ascend_config import init_ascend_config
+            from vllm_ascend.distributed.parallel_state import init_ascend_model_parallel
+            from vllm_ascend.utils import adapt_patch, check_ascend_device_type, register_ascend_customop
+
+            init_ascend_model_parallel(cfg.parallel_config)
+            try:
+                adapt_patch()
+            except ModuleNotFoundError as exc:
+                if exc.name != "torchvision":
+                    raise RuntimeError(f"vllm-ascend adapt_patch() failed: {exc}") from exc
+            import sys
+
+            applied = tuple(m for m in WORKER_PATCHES_APPLIED if m in sys.modules)
+            if applied != WORKER_PATCHES_APPLIED:
+                raise RuntimeError(f"expected worker patches {WORKER_PATCHES_APPLIED} to be applied, got {applied}")
+            ops.register_dummy_fusion_op()
+            register_ascend_customop(cfg)
+            init_ascend_config(cfg)
+            check_ascend_device_type()
+        _context.update(config=cfg, ckpt=ckpt_dir, dtype=dtype)
+        return cfg, ckpt_dir
+
+
+# --------------------------------------------------------------------------------------------------
+# attention
+# --------------------------------------------------------------------------------------------------
+
+def attn_state_for(seqs: Sequence[tuple[int, int]], chunked_prefill: bool = True):
+    """0.15.0rc1 ``NPUModelRunner._build_attn_state`` for ``(context, new)`` pairs, no speculative decoding."""
+    from vllm_ascend.attention.attention_v1 import AscendAttentionState
+
+    if all(c == 0 for c, _ in seqs):
+        return AscendAttentionState.PrefillNoCache
+    if all(n == 1 for _, n in seqs):
+        return AscendAttentionState.DecodeOnly
+    if chunked_prefill:
+        return AscendAttentionState.ChunkedPrefill
+    return AscendAttentionState.PrefillCacheHit
+
+
+def build_case(cfg, seqs: Sequence[tuple[int, int]], *, num_heads: int, num_kv_heads: int, head_dim: int = 64,
+               dtype: torch.dtype = torch.float32, seed: int = 0, sliding_window: int | None = None) -> Case:
+    """One attention batch laid out as vLLM 0.15 + vllm-ascend 0.15.0rc1 would, with 0.15's metadata.
+
+    Args:
+        cfg: the ``VllmConfig`` from :func:`vllm_context`.
+        seqs: per sequence ``(context_len, new_len)``: tokens already in the KV cache, tokens computed now.
+        num_heads / num_kv_heads / head_dim: per-rank attention geometry (GQA ``num_heads // num_kv_heads``).
+        dtype: q/k/v and KV-cache dtype.
+        seed: generator seed; physical KV blocks are assigned in shuffled order, unused cache rows are random.
+        sliding_window: selects the KV-cache spec given to the builder (``SlidingWindowSpec`` as vLLM 0.15's
+            ``Attention.get_kv_cache_spec`` makes for SW layers, else ``FullAttentionSpec``); 0.15's builder
+            does not read it, but it is what the model runner passes.
+
+    Returns:
+        A :class:`~gptoss_patch.testing.attention_case.Case`: ``query`` ``[T, N, D]``, ``key``/``value``
+        ``[T, KV_N, D]`` (the shapes vLLM 0.15's ``Attention.forward`` hands the impl), caches
+        ``[num_blocks, 128, KV_N, D]``, ``metadata`` an ``AscendMetadata`` from
+        ``AscendAttentionMetadataBuilder.build(0, common)``; ``full_k``/``full_v`` per sequence ``[Skv, KV_N, D]``.
+    """
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+    from vllm_ascend.attention.attention_v1 import AscendAttentionMetadataBuilder
+    from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
+
+    g = torch.Generator().manual_seed(seed)
+    bs = BLOCK_SIZE
+    n_blocks_each = [-(-(c + n) // bs) for c, n in seqs]
+    total_blocks = sum(n_blocks_each) + 2
+    perm = torch.randperm(total_blocks, generator=g)
+    block_table = torch.zeros(len(seqs), max(n_blocks_each), dtype=torch.int32)
+    k_cache = torch.randn(total_blocks, bs, num_kv_heads, head_dim, generator=g).to(dtype)  # garbage outside seqs
+    v_cache = torch.randn(total_blocks, bs, num_kv_heads, head_dim, generator=g).to(dtype)
+    q_parts, k_parts, v_parts, slots, full_k, full_v = [], [], [], [], [], []
+    nxt = 0
+    for i, (c, n) in enumerate(seqs):
+        blocks = perm[nxt:nxt + n_blocks_each[i]]
+        nxt += n_blocks_each[i]
+        block_table[i, :len(blocks)] = blocks.to(torch.int32)
+        kk = torch.randn(c + n, num_kv_heads, head_dim, generator=g).to(dtype)
+        vv = torch.randn(c + n, num_kv_heads, head_dim, generator=g).to(dtype)
+        full_k.append(kk)
+        full_v.append(vv)
+        for p in range(c):
+            k_cache[blocks[p // bs], p % bs] = kk[p]
+            v_cache[blocks[p // bs], p % bs] = vv[p]
+        q_parts.append(torch.randn(n, num_heads, head_dim, generator=g).to(dtype))
+        k_parts.append(kk[c:])
+        v_parts.append(vv[c:])
+        slots += [int(blocks[p // bs]) * bs + p % bs for p in range(c, c + n)]
+    q_lens = [n for _, n in seqs]
+    q_start = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+    seq_lens = torch.tensor([c + n for c, n in seqs], dtype=torch.int32)
+    num_actual = int(sum(q_lens))
+    state = attn_state_for(seqs, cfg.scheduler_config.enable_chunked_prefill)
+    common = AscendCommonAttentionMetadata(
+        query_start_loc=q_start.clone(), query_start_loc_cpu=q_start, seq_lens=seq_lens.clone(),
+        seq_lens_cpu=seq_lens, num_computed_tokens_cpu=torch.tensor([c for c, _ in seqs], dtype=torch.int32),
+        num_reqs=len(seqs), num_actual_tokens=num_actual, max_query_len=max(q_lens),
+        max_seq_len=int(seq_lens.max()), block_table_tensor=block_table,
+        slot_mapping=torch.tensor(slots, dtype=torch.int32), causal=True, num_input_tokens=num_actual,
+        actual_seq_lengths_q=q_start[1:].tolist(), positions=None, attn_state=state, decode_token_per_req=1)
+    spec_dtype = getattr(torch, cfg.model_config.dtype) if isinstance(cfg.model_config.dtype, str) else \
+        cfg.model_config.dtype
+    if sliding_window is None:
+        spec = FullAttentionSpec(block_size=bs, num_kv_heads=num_kv_heads, head_size=head_dim, dtype=spec_dtype)
+    else:
+        spec = SlidingWindowSpec(block_size=bs, num_kv_heads=num_kv_heads, head_size=head_dim, dtype=spec_dtype,
+                                 sliding_window=sliding_window)
+    builder = AscendAttentionMetadataBuilder(spec, ["model.layers.0.self_attn.attn"], cfg, torch.device("npu"))
+    metadata = builder.build(0, common)
+    query = torch.cat(q_parts)
+    key = torch.cat(k_parts)
+    value = torch.cat(v_parts)
+    return Case(list(seqs), num_heads, num_kv_heads, head_dim, query, key, value, k_cache, v_cache, metadata, state,
+                full_k, full_v)
+
+
+def make_impl(cfg, *, num_heads: int, num_kv_heads: int, sliding_window: int | None, sinks: torch.Tensor | None,
+              head_dim: int = 64):
+    """0.15.0rc1 ``AscendAttentionBackendImpl`` built with the positional arguments of vLLM 0.15's
+    ``Attention.__init__`` (``num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
+    kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name``) and ``sinks=`` as the extra
+    impl argument GPT-OSS passes (vllm/model_executor/models/gpt_oss.py ``OAIAttention``); scale ``D**-0.5``."""
+    from vllm.config import set_current_vllm_config
+    from vllm_ascend.attention.attention_v1 import AscendAttentionBackendImpl
+
+    with set_current_vllm_config(cfg):
+        return AscendAttentionBackendImpl(num_heads, head_dim, head_dim ** -0.5, num_kv_heads, None, sliding_window,
+                                          "auto", None, "decoder", None, sinks=sinks)
+
+
+class _Layer:
+    """What 0.15's ``forward`` reads from the vLLM ``Attention`` layer (it asserts unit k/v scales)."""
+
+    _k_scale_float = 1.0
+    _v_scale_float = 1.0
+    layer_name = "model.layers.0.self_attn.attn"
+
+
+def run_native_forward(cfg, impl, case: Case, metadata=None) -> torch.Tensor:
+    """Run 0.15.0rc1's eager ``AscendAttentionBackendImpl.forward`` on ``case``.
+
+    The call is what ``vllm.attention.layer.unified_attention_with_output`` makes - ``impl.forward(layer,
+    query [T,N,D], key [T,KV_N,D], value, kv_cache=(key_cache, value_cache), attn_metadata, output=[T,N,D])`` -
+    inside ``set_ascend_forward_context`` (eager: ``capturing`` False). ``metadata`` overrides
+    ``case.metadata``. The caches are cloned, so a case can be run more than once.
+
+    Returns:
+        The output buffer ``[T, N, D]`` in the query dtype (pre-filled with NaN, so rows the forward leaves
+        unwritten show).
+    """
+    from vllm.config import set_current_vllm_config
+    from vllm_ascend.ascend_forward_context import set_ascend_forward_context
+
+    md = case.metadata if metadata is None else metadata
+    out = torch.full((case.num_tokens, case.num_heads, case.head_dim), float("nan"), dtype=case.query.dtype)
+    kv = (case.key_cache.clone(), case.value_cache.clone())
+    with set_current_vllm_config(cfg), set_ascend_forward_context({_Layer.layer_name: md}, cfg,
+                                                                  num_tokens=case.num_tokens):
+        ret = impl.forward(_Layer(), case.query, case.key, case.value, kv, md, output=out)
+    assert ret.data_ptr() == out.data_ptr()
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# whole model (MoE)
+# --------------------------------------------------------------------------------------------------
+
+@dataclass
+class NativeModel:
+    """vLLM's ``GptOssForCausalLM`` loaded by vLLM 0.15 (``get_model``) with vllm-ascend 0.15.0rc1's ops."""
+
+    config: Any
+    model: torch.nn.Module
+
+
+def load_native_model(cfg) -> NativeModel:
+    """Load the cell's checkpoint with vLLM's own model loader, on the simulated NPU.
+
+    ``vllm.model_executor.model_loader.get_model`` builds ``GptOssForCausalLM`` under the config's default
+    dtype; ``FusedMoE`` is replaced by vllm-ascend's ``AscendFusedMoE`` (its ``CustomOp`` OOT registration
+    from ``register_ascend_customop``), weights go through ``GptOssModel._load_weights_other`` and
+    ``AscendUnquantizedFusedMoEMethod.process_weights_after_loading`` (transpose to ``[E, H, 2I]`` /
+    ``[E, I, H]``; ND unless ``VLLM_ASCEND_ENABLE_NZ=2``).
+    """
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader import get_model
+
+    with set_current_vllm_config(cfg):
+        model = get_model(vllm_config=cfg)
+    return NativeModel(cfg, model.eval())
+
+
+def run_native_moe(native: NativeModel, layer: int, hidden: torch.Tensor) -> torch.Tensor:
+    """``model.model.layers[layer].mlp(hidden)`` (vLLM's ``MLPBlock.forward``: router Linear, then the
+    ``AscendFusedMoE``) inside ``set_ascend_forward_context`` as the model runner sets it for an eager step.
+
+    Args:
+        hidden: ``[T, H]`` in the model dtype.
+
+    Returns:
+        ``[T, H]``.
+    """
+    from vllm.config import set_current_vllm_config
+    from vllm_ascend.ascend_forward_context import set_ascend_forward_context
+
+    cfg = native.config
+    with torch.no_grad(), set_current_vllm_config(cfg), set_ascend_forward_context(None, cfg,
+                                                                                    num_tokens=hidden.shape[0]):
+        return native.model.model.layers[layer].mlp(hidden)
+

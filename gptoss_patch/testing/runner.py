@@ -1,0 +1,274 @@
+"""The main job: a GPT-OSS checkpoint through vLLM's own model and patched vllm-ascend, on the NPU simulator.
+
+Real upstream code in the loop: vLLM's ``EngineArgs``/``VllmConfig``, ``GptOssForCausalLM`` and its
+BF16 weight loader (``DefaultModelLoader``), vLLM's distributed groups (gloo, world size 1);
+vllm-ascend's worker start-up sequence (``NPUWorker.__init__``: ``adapt_patch``,
+``register_ascend_customop`` - FusedMoE → AscendFusedMoE, YaRN rope, ...), its attention backend
+and ``AscendAttentionMetadataBuilder``, ``AttentionMaskBuilder``, ``set_ascend_forward_context`` and
+the MoE communication methods; the ``torch_npu`` operators are the simulator's.
+
+Ours: this runner's scheduling (which tokens run in which step, chunked prefill with a token
+budget, prefix reuse of whole KV blocks, the block allocator) - the role of vLLM's scheduler and
+of ``NPUModelRunner._prepare_inputs``, kept small and explicit - and the greedy loop.
+
+The reference is transformers' ``GptOssForCausalLM`` in float32 on the same checkpoint and token ids.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import torch
+
+
+@contextlib.contextmanager
+def ascend_context(checkpoint: str | os.PathLike, *, dtype: str = "bfloat16", max_model_len: int = 2048,
+                   **engine_args: Any) -> Iterator[Any]:
+    """vLLM + vllm-ascend set up in this process as ``NPUWorker.__init__`` does; yields the ``VllmConfig``.
+
+    Requires the NPU simulator (``npu_sim.install()``) or a real NPU. World size 1, gloo backend.
+    """
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(model=str(checkpoint), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
+                      skip_tokenizer_init=True, block_size=128, **engine_args)
+    config = args.create_engine_config()
+    with set_current_vllm_config(config):
+        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                     distributed_init_method=f"file://{tempfile.mktemp(prefix='gptoss-dist-')}")
+        initialize_model_parallel(1, 1)
+        from vllm_ascend import ops
+        from vllm_ascend.ascend_config import init_ascend_config
+        from vllm_ascend.distributed.parallel_state import init_ascend_model_parallel
+        from vllm_ascend.utils import adapt_patch, init_ascend_soc_version, is_enable_nz, register_ascend_customop
+
+        init_ascend_model_parallel(config.parallel_config)
+        adapt_patch()
+        is_enable_nz(vllm_config=config)
+        ops.register_dummy_fusion_op()
+        register_ascend_customop(config)
+        init_ascend_config(config)
+        init_ascend_soc_version()
+        try:
+            yield config
+        finally:
+            destroy_model_parallel()
+            destroy_distributed_environment()
+
+
+@dataclass
+class Request:
+    """One conversation: its prompt token ids and what greedy decoding produced."""
+
+    rid: int
+    prompt: list[int]
+    max_new_tokens: int
+    output: list[int] = field(default_factory=list)
+    logits: list[torch.Tensor] = field(default_factory=list)  # float32 [vocab] per generated token
+    computed: int = 0            # tokens whose K/V are in the cache
+    blocks: list[int] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def done(self) -> bool:
+        return len(self.output) >= self.max_new_tokens
+
+
+class SimulatedGptOss:
+    """vLLM's GptOssForCausalLM on (simulated) vllm-ascend with a paged KV cache and greedy decoding.
+
+    Args:
+        config: the ``VllmConfig`` from :func:`ascend_context`.
+        num_blocks: KV-cache blocks per layer (block size 128).
+        token_budget: max tokens per step (chunked prefill: prompt chunks fill what decodes leave).
+    """
+
+    block_size = 128
+
+    def __init__(self, config: Any, *, num_blocks: int = 64, token_budget: int = 256):
+        from vllm.model_executor.model_loader import get_model_loader
+        from vllm.v1.worker.utils import bind_kv_cache
+        from vllm_ascend.attention.attention_mask import AttentionMaskBuilder
+        from vllm_ascend.attention.attention_v1 import AscendAttentionMetadataBuilder
+
+        self.config = config
+        self.token_budget = token_budget
+        t0 = time.perf_counter()
+        self.model = get_model_loader(config.load_config).load_model(vllm_config=config,
+                                                                     model_config=config.model_config)
+        self.load_seconds = time.perf_counter() - t0
+        self.dtype = config.model_config.dtype
+        from vllm.attention import Attention
+
+        ctx = config.compilation_config.static_forward_context
+        self.layer_names = sorted((n for n, m in ctx.items() if isinstance(m, Attention)),
+                                  key=lambda n: int(n.split(".")[2]))
+        caches = {}
+        for name in self.layer_names:
+            impl = ctx[name].impl
+            shape = (num_blocks, self.block_size, impl.num_kv_heads, impl.head_size)
+            caches[name] = (torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype))
+        self.kv_caches: list = []
+        bind_kv_cache(caches, ctx, self.kv_caches)
+        self.builder = AscendAttentionMetadataBuilder(None, self.layer_names, config, torch.device("cpu"))
+        self.mask_builder = AttentionMaskBuilder(config.model_config.max_model_len, self.dtype, torch.device("cpu"))
+        self.free_blocks = list(range(1, num_blocks))  # block 0 stays free: padded graph rows point at it
+        self.prefix_blocks: dict[tuple[int, ...], int] = {}  # full-block token prefix -> physical block
+        self.states_seen: set[str] = set()
+
+    # ---------------------------------------------------------------- blocks and prefix reuse
+    def _reuse_prefix(self, req: Request) -> None:
+        """Point the request at cached blocks holding its longest full-block prompt prefix (prefix caching)."""
+        n_full = (len(req.prompt) - 1) // self.block_size
+        for b in range(n_full):
+            key = tuple(req.prompt[:(b + 1) * self.block_size])
+            if key not in self.prefix_blocks:
+                break
+            req.blocks.append(self.prefix_blocks[key])
+            req.computed = (b + 1) * self.block_size
+
+    def _ensure_blocks(self, req: Request, upto: int) -> None:
+        while len(req.blocks) * self.block_size < upto:
+            if not self.free_blocks:
+                raise RuntimeError("KV cache full: raise num_blocks")
+            req.blocks.append(self.free_blocks.pop(0))
+
+    def _publish_prefix(self, req: Request) -> None:
+        for b in range(min(req.computed, len(req.prompt)) // self.block_size):
+            self.prefix_blocks.setdefault(tuple(req.prompt[:(b + 1) * self.block_size]), req.blocks[b])
+
+    # ---------------------------------------------------------------- one model step
+    def _schedule(self, reqs: Sequence[Request]) -> list[tuple[Request, int]]:
+        budget = self.token_budget
+        plan = []
+        for r in reqs:  # decodes first, one token each
+            if not r.done and r.computed >= len(r.prompt):
+                plan.append((r, 1))
+                budget -= 1
+        for r in reqs:  # then prompt chunks
+            if r.computed < len(r.prompt) and budget > 0:
+                n = min(budget, len(r.prompt) - r.computed)
+                plan.append((r, n))
+                budget -= n
+        return plan
+
+    @torch.inference_mode()  # as vLLM's worker runs execute_model
+    def step(self, reqs: Sequence[Request]) -> int:
+        """Run one scheduled step over ``reqs``; returns the number of tokens computed (0 when all done)."""
+        from vllm_ascend.ascend_forward_context import set_ascend_forward_context
+        from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
+        from vllm_ascend.ops.moe.moe_comm_method import MoECommType
+
+        from gptoss_patch.testing.attention_case import attn_state_for
+
+        plan = self._schedule(reqs)
+        if not plan:
+            return 0
+        ids, pos, slots, q_lens, seq_lens, ctx_lens, tables = [], [], [], [], [], [], []
+        for r, n in plan:
+            start = r.computed
+            self._ensure_blocks(r, start + n)
+            toks = r.tokens[start:start + n]
+            ids += toks
+            pos += list(range(start, start + n))
+            slots += [r.blocks[p // self.block_size] * self.block_size + p % self.block_size
+                      for p in range(start, start + n)]
+            q_lens.append(n)
+            seq_lens.append(start + n)
+            ctx_lens.append(start)
+            tables.append(r.blocks)
+        width = max(len(t) for t in tables)
+        block_table = torch.zeros(len(plan), width, dtype=torch.int32)
+        for i, t in enumerate(tables):
+            block_table[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+        state = attn_state_for(list(zip(ctx_lens, q_lens)))
+        self.states_seen.add(state.name)
+        q_start = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
+        seq_t = torch.tensor(seq_lens, dtype=torch.int32)
+        n_tok = len(ids)
+        mask = self._mask(state, seq_lens)
+        common = AscendCommonAttentionMetadata(
+            query_start_loc=q_start.clone(), query_start_loc_cpu=q_start, seq_lens_cpu=seq_t,
+            seq_lens=seq_t.clone(), num_computed_tokens_cpu=torch.tensor(ctx_lens, dtype=torch.int32),
+            num_reqs=len(plan), num_actual_tokens=n_tok, max_query_len=max(q_lens), decode_token_per_req=1,
+            block_table_tensor=block_table, slot_mapping=torch.tensor(slots, dtype=torch.int32),
+            actual_seq_lengths_q=q_start[1:].tolist(), positions=torch.tensor(pos), attn_mask=mask,
+            attn_state=state, num_input_tokens=n_tok)
+        md = self.builder.build(0, common)
+        per_layer = {name: md for name in self.layer_names}
+        input_ids = torch.tensor(ids, dtype=torch.long)
+        positions = torch.tensor(pos, dtype=torch.long)
+        with set_ascend_forward_context(per_layer, self.config, num_tokens=n_tok,
+                                        with_prefill=state.name != "DecodeOnly",
+                                        moe_comm_type=MoECommType.ALLGATHER, num_actual_tokens=n_tok,
+                                        model_instance=self.model):
+            hidden = self.model(input_ids=input_ids, positions=positions)
+        last = q_start[1:].long() - 1
+        logits = self.model.compute_logits(hidden[last]).float()
+        for (r, n), row in zip(plan, logits):
+            r.computed += n
+            if r.computed >= len(r.tokens):  # the step reached the end of what we know: emit a token
+                r.output.append(int(row.argmax()))
+                r.logits.append(row)
+            self._publish_prefix(r)
+        return n_tok
+
+    def _mask(self, state, seq_lens):
+        # vllm-ascend 0.11 NPUModelRunner._make_attention_mask
+        name = state.name
+        if name == "ChunkedPrefill":
+            return self.mask_builder.get_splitfuse_attn_mask()
+        if name == "PrefillNoCache":
+            return self.mask_builder.get_attn_mask(max(seq_lens), self.dtype, torch.device("cpu"))
+        if name == "PrefillCacheHit":
+            return self.mask_builder.get_attn_mask(128, self.dtype, torch.device("cpu"))
+        return None
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                 stagger: bool = True) -> list[Request]:
+        """Greedy-decode every prompt. With ``stagger``, request i joins after step i, so prefill chunks of
+        later requests share steps with the decodes of earlier ones (chunked prefill, mixed batches) and
+        reuse the prefix blocks the earlier ones published."""
+        reqs = [Request(i, list(p), max_new_tokens) for i, p in enumerate(prompts)]
+        active: list[Request] = []
+        pending = list(reqs)
+        while pending or any(not r.done for r in active):
+            if pending and (stagger or not active):
+                joiners = [pending.pop(0)] if stagger else [pending.pop(0) for _ in range(len(pending))]
+                for r in joiners:
+                    self._reuse_prefix(r)
+                    active.append(r)
+            live = [r for r in active if not r.done]
+            if live:
+                self.step(live)
+        return reqs
+
+
+def reference_generate(checkpoint: str | os.PathLike, prompts: Sequence[Sequence[int]], max_new_tokens: int
+                       ) -> list[tuple[list[int], list[torch.Tensor]]]:
+    """transformers' greedy generation, float32: per prompt (tokens, logits per generated token)."""
+    from transformers import GptOssForCausalLM
+
+    model = GptOssForCausalLM.from_pretrained(str(checkpoint), torch_dtype=torch.float32)
+    model.eval()
+    out = []
+    with torch.no_grad():
+        for p in prompts:
+            gen = model.generate(torch.tensor([list(p)]), max_new_tokens=max_new_tokens, do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True, eos_token_id=None,
+                                 pad_token_id=0)
+            toks = gen.sequences[0, len(p):].tolist()
+            out.append((toks, [lg[0].float() for lg in gen.logits]))
+    return out

@@ -1,0 +1,235 @@
+"""Bring up the real vLLM + vllm-ascend worker state in this process, on the CPU NPU simulator.
+
+What ``NPUWorker.__init__`` / ``_init_worker_distributed_environment`` and ``NPUModelRunner`` do before a forward pass
+(vllm_ascend/worker/worker_v1.py and model_runner_v1.py in 0.11.0; worker/worker.py in 0.15.0rc1), without an engine,
+a scheduler or worker processes, so tests and benchmarks can build real layers and call them:
+
+* :func:`engine_config` - ``EngineArgs(...).create_engine_config()`` with CPU-friendly defaults;
+* :func:`ascend_context` - context manager: process-wide distributed init (gloo, once per process) and the per-config
+  vllm-ascend init (``adapt_patch``, ``is_enable_nz``, ``register_ascend_customop``, ``init_ascend_config``, SoC
+  version), inside ``set_current_vllm_config``; yields the ``VllmConfig``;
+* :func:`load_model` - the model through vLLM's own loader (weights from the checkpoint, ``process_weights_after_loading``);
+* :func:`forward_context` - vllm-ascend's forward context for ``num_tokens`` tokens, with the MoE communication method
+  the model runner would pick (or the one you name).
+
+Example::
+
+    from gptoss_patch.testing import vllm_setup
+    with vllm_setup.ascend_context(ckpt_dir, dtype="float32") as cfg:
+        model = vllm_setup.load_model(cfg)
+        with vllm_setup.forward_context(cfg, num_tokens=16):
+            y = model.model.layers[0].mlp(x)
+
+Requirements: ``GPTOSS_PATCH_SIMULATE_NPU=1`` in the environment before vLLM is first imported (vLLM inspects the model
+registry in a child interpreter, which must see the simulator too); :func:`ascend_context` sets it and
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` if unset and installs the simulator in this process. The first
+:func:`engine_config` of a machine takes ~50 s (vLLM's registry inspection, cached afterwards in ``~/.cache/vllm``).
+
+Limits: one distributed world per process (the first :func:`ascend_context` fixes world size, rank and the TP/PP
+sizes; a later config with other sizes raises). Several configs (dtype, expert parallel on/off, checkpoints) can be used
+one after another in a process. Layer names must be unique per config (vLLM's static forward context).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import tempfile
+import threading
+import types
+from typing import Any, Iterator
+
+__all__ = ["engine_config", "ascend_context", "load_model", "forward_context", "select_moe_comm_type",
+           "ENGINE_DEFAULTS"]
+
+#: Defaults for :func:`engine_config` (each can be overridden by keyword).
+ENGINE_DEFAULTS: dict[str, Any] = {
+    "dtype": "bfloat16",
+    "enforce_eager": True,
+    "max_model_len": 1024,
+    "skip_tokenizer_init": True,
+    "block_size": 128,
+}
+
+_lock = threading.RLock()
+_world: dict[str, int] | None = None
+
+
+def _prepare_process() -> None:
+    os.environ.setdefault("GPTOSS_PATCH_SIMULATE_NPU", "1")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from gptoss_patch.testing import npu_sim
+
+    npu_sim.install()
+
+
+def engine_config(checkpoint_dir: str | os.PathLike, **engine_args: Any):
+    """``vllm.engine.arg_utils.EngineArgs(model=checkpoint_dir, **ENGINE_DEFAULTS | engine_args).create_engine_config()``.
+
+    Args:
+        checkpoint_dir: a Hugging Face checkpoint directory (e.g. from :func:`gptoss_patch.testing.tiny.write_checkpoint`).
+        engine_args: any ``EngineArgs`` field, e.g. ``dtype="float32"``, ``enable_expert_parallel=True``,
+            ``tensor_parallel_size=2``.
+
+    Returns:
+        ``vllm.config.VllmConfig``.
+
+    Raises:
+        whatever vLLM raises for an invalid configuration.
+    """
+    _prepare_process()
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = dict(ENGINE_DEFAULTS)
+    args.update(engine_args)
+    return EngineArgs(model=str(checkpoint_dir), **args).create_engine_config()
+
+
+def _init_world(cfg: Any, rank: int, distributed_init_method: str | None) -> None:
+    global _world
+    pc = cfg.parallel_config
+    want = {"world_size": pc.world_size, "rank": rank, "tp": pc.tensor_parallel_size,
+            "pp": pc.pipeline_parallel_size}
+    if _world is not None:
+        if _world != want:
+            raise RuntimeError(f"this process was initialised for {_world}; a config needing {want} cannot be used "
+                               "here (one distributed world per process)")
+        return
+    from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+
+    method = distributed_init_method or f"file://{tempfile.mktemp(prefix='gptoss-dist-')}"
+    init_distributed_environment(world_size=pc.world_size, rank=rank, distributed_init_method=method,
+                                 local_rank=rank, backend="gloo")
+    ensure_model_parallel_initialized(pc.tensor_parallel_size, pc.pipeline_parallel_size)
+    from vllm_ascend.distributed.parallel_state import init_ascend_model_parallel
+
+    init_ascend_model_parallel(pc)
+    _world = want
+
+
+def _init_ascend(cfg: Any) -> None:
+    """The vllm-ascend part of ``NPUWorker.__init__`` for ``cfg`` (idempotent parts stay idempotent)."""
+    import vllm_ascend.utils as vu
+    from vllm_ascend import ops
+    from vllm_ascend.ascend_config import init_ascend_config
+
+    vu.adapt_patch()
+    if hasattr(vu, "is_enable_nz"):  # 0.11.x / 0.12: caches its answer on the first call; recompute for this config
+        if hasattr(vu, "_ENABLE_NZ"):
+            vu._ENABLE_NZ = None
+        vu.is_enable_nz(vllm_config=cfg)
+    ops.register_dummy_fusion_op()
+    vu.register_ascend_customop(cfg)
+    init_ascend_config(cfg)
+    for name in ("init_ascend_soc_version", "check_ascend_device_type"):  # 0.11.x / 0.15
+        fn = getattr(vu, name, None)
+        if fn is not None:
+            fn()
+            break
+
+
+@contextlib.contextmanager
+def ascend_context(checkpoint_dir: str | os.PathLike | None = None, *, vllm_config: Any = None, rank: int = 0,
+                   distributed_init_method: str | None = None, **engine_args: Any) -> Iterator[Any]:
+    """Worker state for one config; yields the ``VllmConfig`` (current for the duration, as vLLM's loader needs).
+
+    Args:
+        checkpoint_dir: build the config with :func:`engine_config` (``engine_args`` passed on); or
+        vllm_config: use this ready config instead.
+        rank: this process's global rank (multi-process tests: one process per rank).
+        distributed_init_method: ``torch.distributed`` init URL shared by all ranks (``file://...`` or ``tcp://...``);
+            default a fresh file (single process).
+
+    Raises:
+        ValueError: neither or both of ``checkpoint_dir`` / ``vllm_config``.
+        RuntimeError: the process was initialised for another world (see module "Limits").
+    """
+    if (checkpoint_dir is None) == (vllm_config is None):
+        raise ValueError("pass exactly one of checkpoint_dir or vllm_config")
+    _prepare_process()
+    cfg = vllm_config if vllm_config is not None else engine_config(checkpoint_dir, **engine_args)
+    from vllm.config import set_current_vllm_config
+
+    with _lock, set_current_vllm_config(cfg):
+        _init_world(cfg, rank, distributed_init_method)
+        _init_ascend(cfg)
+        yield cfg
+
+
+def load_model(vllm_config: Any):
+    """The model of ``vllm_config`` through vLLM's loader (call inside :func:`ascend_context`). Returns the module."""
+    from vllm.model_executor.model_loader import get_model_loader
+
+    return get_model_loader(vllm_config.load_config).load_model(vllm_config=vllm_config,
+                                                               model_config=vllm_config.model_config)
+
+
+def _runner_view(cfg: Any) -> Any:
+    """The attributes ``NPUModelRunner`` (0.11.x) reads in ``_init_mc2_tokens_capacity`` / ``_select_moe_comm_method``."""
+    spec = cfg.speculative_config
+    return types.SimpleNamespace(
+        vllm_config=cfg, parallel_config=cfg.parallel_config, compilation_config=cfg.compilation_config,
+        max_num_reqs=cfg.scheduler_config.max_num_seqs,
+        uniform_decode_query_len=1 + (spec.num_speculative_tokens if spec else 0))
+
+
+def select_moe_comm_type(vllm_config: Any, num_tokens: int, with_prefill: bool = True) -> Any:
+    """The ``MoECommType`` vllm-ascend's model runner picks for a step of ``num_tokens`` (``None`` for a dense model).
+
+    0.11.x: the real ``NPUModelRunner._init_mc2_tokens_capacity`` and ``_select_moe_comm_method`` run on a namespace
+    holding the runner attributes they read. 0.13+: ``ascend_forward_context.select_moe_comm_method``.
+    """
+    import vllm_ascend.ascend_forward_context as afc
+
+    if hasattr(afc, "select_moe_comm_method"):
+        return afc.select_moe_comm_method(num_tokens, vllm_config)
+    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+    view = _runner_view(vllm_config)
+    NPUModelRunner._init_mc2_tokens_capacity(view)
+    return NPUModelRunner._select_moe_comm_method(view, num_tokens, with_prefill)
+
+
+@contextlib.contextmanager
+def forward_context(vllm_config: Any, num_tokens: int, *, with_prefill: bool = True, moe_comm_type: Any = None,
+                    in_profile_run: bool = False, attn_metadata: Any = None) -> Iterator[Any]:
+    """vllm-ascend's forward context for a step of ``num_tokens`` tokens, as ``NPUModelRunner.execute_model`` sets it.
+
+    Args:
+        vllm_config: the config (its layers are looked up by name from its static forward context).
+        num_tokens: tokens in the step (the padded count the runner passes).
+        with_prefill: the step contains a prefill (0.11.x picks NaiveMulticast over AllGather then).
+        moe_comm_type: a ``vllm_ascend.ascend_forward_context.MoECommType`` to force; default
+            :func:`select_moe_comm_type`.
+        in_profile_run: vLLM's memory-profiling run (upstream then routes tokens to random experts).
+        attn_metadata: attention metadata (``None`` for MoE-only calls).
+
+    Yields:
+        vLLM's ``ForwardContext`` (with vllm-ascend's fields: ``moe_comm_type``, ``moe_comm_method``, ...).
+    """
+    import torch
+    from vllm.forward_context import get_forward_context
+    from vllm_ascend.ascend_forward_context import set_ascend_forward_context
+
+    if moe_comm_type is None:
+        moe_comm_type = select_moe_comm_type(vllm_config, num_tokens, with_prefill)
+    params = inspect.signature(set_ascend_forward_context).parameters
+    kwargs: dict[str, Any] = {"num_tokens": num_tokens, "in_profile_run": in_profile_run}
+    if "moe_comm_type" in params:  # 0.11.x: the runner passes its choice and the MC2 mask buffer
+        view = _runner_view(vllm_config)
+        from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+
+        NPUModelRunner._init_mc2_tokens_capacity(view)
+        kwargs.update(moe_comm_type=moe_comm_type, with_prefill=with_prefill,
+                      reserved_mc2_mask=torch.zeros(view.mc2_tokens_capacity, dtype=torch.bool),
+                      num_actual_tokens=num_tokens)
+    with set_ascend_forward_context(attn_metadata, vllm_config, **kwargs):
+        ctx = get_forward_context()
+        if "moe_comm_type" not in params and moe_comm_type != ctx.moe_comm_type:  # 0.13+: selected inside
+            import importlib
+
+            mod = importlib.import_module("vllm_ascend.ops.fused_moe.moe_comm_method")
+            ctx.moe_comm_type = moe_comm_type
+            ctx.moe_comm_method = mod.get_moe_comm_method(moe_comm_type)
+        yield ctx

@@ -1,0 +1,568 @@
+"""Issue 4 in a real cell: GPT-OSS's fused MoE (swigluoai + expert biases) on vllm-ascend, against transformers.
+
+Layers are built the way vLLM builds them: the real ``vllm...fused_moe.FusedMoE(...)`` with the arguments of vLLM's
+``gpt_oss.py`` ``MLPBlock`` (vllm-ascend's ``register_ascend_customop`` turns it into ``AscendFusedMoE``), inside the
+worker state of :mod:`gptoss_patch.testing.vllm_setup`, and run through vllm-ascend's forward context and MoE
+communication methods on the CPU NPU simulator. One test loads a whole tiny model through vLLM's own weight loader.
+
+The oracle is transformers 4.57.1 ``GptOssMLP`` (router + experts) in float32 with the same weights (HF layout:
+``gate_up_proj [E, H, 2I]`` interleaved, ``gate_up_proj_bias [E, 2I]``, ``down_proj [E, I, H]``, ``down_proj_bias
+[E, H]``, router ``Linear(H, E)`` with bias). Error metric: ``max|out - ref| / max|ref|`` over the whole output.
+
+Tolerances: float32 ``1e-4`` (the issue's bound; measured ~1e-6). bfloat16: no worse than transformers' own GPT-OSS MLP
+run in bfloat16 on the same (bf16-valued) inputs, plus one bf16 rounding of the output (``2**-8 * max|ref|``): both
+are the same model in the same 8-bit-mantissa arithmetic, so the inherent bf16 noise of the model is the yardstick,
+whatever the weights' magnitudes; and a fixed cap of ``2**-5`` relative (~8 bf16 ulps of the largest output), which the
+unpatched path misses by far. Routing near-ties are excluded from bf16 cases: tokens whose 4th and 5th router logits
+are closer than 0.1 are redrawn, since there a bf16 and a float32 router legitimately pick different experts.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from dataclasses import dataclass
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from gptoss_patch.testing import vllm_setup
+from gptoss_patch.testing.tiny import write_checkpoint
+
+TOP_K = 4
+H_SMALL, I_SMALL = 64, 96  # small dims
+H_120B, I_120B_RANK = 2880, 360  # gpt-oss-120b hidden size; expert intermediate 2880 / TP 8
+FP32_TOL = 1e-4
+BF16_CAP = 2 ** -5
+
+
+class MoEActivation(enum.Enum):
+    """The members of vLLM >= 0.17's ``vllm.model_executor.layers.fused_moe.activation.MoEActivation`` that matter
+    here (an ``Enum`` with string values; vLLM 0.11 has no such type and passes strings)."""
+
+    SILU = "silu"
+    SWIGLUOAI = "swigluoai"
+
+
+# ----------------------------------------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def ckpt(tmp_path_factory):
+    """A tiny GPT-OSS checkpoint (hidden 64, expert intermediate 360, 4 experts, 2 layers, small vocab)."""
+    path = tmp_path_factory.mktemp("moe_ckpt")
+    write_checkpoint(path, preset="tiny", seed=0, tokenizer=False, num_hidden_layers=2, num_local_experts=4,
+                     vocab_size=512, pad_token_id=511, eos_token_id=510)
+    return path
+
+
+@pytest.fixture(scope="session")
+def configs(ckpt):
+    """Engine configs of the checkpoint, built on first use: ``configs("bf16")``, ``"fp32"``, ``"bf16_ep"``, ``"fp32_ep"``."""
+    cache = {}
+    args = {"bf16": {}, "fp32": {"dtype": "float32"}, "bf16_ep": {"enable_expert_parallel": True},
+            "fp32_ep": {"dtype": "float32", "enable_expert_parallel": True}}
+
+    def get(name):
+        if name not in cache:
+            cache[name] = vllm_setup.engine_config(ckpt, **args[name])
+        return cache[name]
+
+    return get
+
+
+@dataclass
+class Weights:
+    """One GPT-OSS MoE block in transformers' layout, float32."""
+
+    router_w: torch.Tensor  # [E, H]
+    router_b: torch.Tensor  # [E]
+    w13: torch.Tensor  # [E, H, 2I] gate/up interleaved
+    b13: torch.Tensor  # [E, 2I]
+    w2: torch.Tensor  # [E, I, H]
+    b2: torch.Tensor  # [E, H]
+
+    @property
+    def dims(self):
+        e, h, two_i = self.w13.shape
+        return e, h, two_i // 2
+
+    def rounded(self, dtype):
+        """The same weights rounded to ``dtype`` and back to float32 (what a ``dtype`` model holds)."""
+        return Weights(*(t.to(dtype).float() for t in (self.router_w, self.router_b, self.w13, self.b13, self.w2,
+                                                        self.b2)))
+
+
+def make_weights(num_experts, hidden, inter, seed, dead_experts=()):
+    """Random weights whose gate/up pre-activations often pass the +-7 clamps (std ~4.5). ``dead_experts`` get a
+    router bias of -60 so that no token ever routes to them."""
+    g = torch.Generator().manual_seed(seed)
+    w = Weights(
+        router_w=torch.randn(num_experts, hidden, generator=g) * (2.0 / hidden ** 0.5),
+        router_b=torch.randn(num_experts, generator=g),
+        w13=torch.randn(num_experts, hidden, 2 * inter, generator=g) * (4.0 / hidden ** 0.5),
+        b13=torch.randn(num_experts, 2 * inter, generator=g),
+        w2=torch.randn(num_experts, inter, hidden, generator=g) * (1.0 / inter ** 0.5),
+        b2=torch.randn(num_experts, hidden, generator=g),
+    )
+    for e in dead_experts:
+        w.router_b[e] = -60.0
+    return w
+
+
+def make_tokens(w, num_tokens, seed, dtype=torch.float32, min_gap=0.0):
+    """``(num_tokens, H)`` inputs (values exactly representable in ``dtype``), as float32. With ``min_gap`` > 0, rows
+    whose 4th/5th largest router logit are closer than ``min_gap`` are redrawn (routing near-ties)."""
+    g = torch.Generator().manual_seed(seed)
+    e, h, _ = w.dims
+    x = torch.randn(num_tokens, h, generator=g).to(dtype).float()
+    for _ in range(100):
+        if min_gap <= 0 or e <= TOP_K:
+            break
+        logits = x @ w.router_w.to(dtype).float().T + w.router_b.to(dtype).float()
+        top = logits.topk(TOP_K + 1, dim=-1).values
+        bad = (top[:, TOP_K - 1] - top[:, TOP_K]) < min_gap
+        if not bad.any():
+            break
+        x[bad] = torch.randn(int(bad.sum()), h, generator=g).to(dtype).float()
+    return x
+
+
+def hf_mlp(w, dtype=torch.float32):
+    """transformers' ``GptOssMLP`` holding ``w`` (cast to ``dtype``)."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
+
+    e, h, i = w.dims
+    cfg = GptOssConfig(hidden_size=h, intermediate_size=i, num_local_experts=e, num_experts_per_tok=TOP_K,
+                       num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=1, vocab_size=512)
+    mlp = GptOssMLP(cfg)
+    with torch.no_grad():
+        mlp.router.weight.copy_(w.router_w)
+        mlp.router.bias.copy_(w.router_b)
+        mlp.experts.gate_up_proj.copy_(w.w13)
+        mlp.experts.gate_up_proj_bias.copy_(w.b13)
+        mlp.experts.down_proj.copy_(w.w2)
+        mlp.experts.down_proj_bias.copy_(w.b2)
+    return mlp.to(dtype).eval()
+
+
+def reference(w, x, dtype=torch.float32):
+    """transformers' GPT-OSS MLP output for tokens ``x`` ``(T, H)`` (computed in ``dtype``), as float32."""
+    with torch.no_grad():
+        out, _ = hf_mlp(w, dtype)(x.to(dtype)[None])
+    return out[0].float()
+
+
+_names = itertools.count()
+
+
+def build_layer(cfg, w, dtype, *, tp_rank=0, tp_size=1, activation="swigluoai", has_bias=True):
+    """The MoE layer as vLLM's ``gpt_oss.py`` builds it (``FusedMoE(...)`` with ``MLPBlock``'s arguments), holding
+    tensor-parallel rank ``tp_rank`` of ``tp_size``'s weights, loaded the way vLLM 0.11.0's
+    ``GptOssModel._load_weights_other`` loads them without expert parallelism (column range ``2*start:2*end`` of the
+    interleaved ``gate_up_proj``, row range of ``down_proj``, ``w2_bias`` only on rank 0), then
+    ``process_weights_after_loading``. ``tp_size > 1`` builds that rank's layer in this single-process world (the
+    per-rank shapes; the all-reduce is done by the caller)."""
+    from vllm.model_executor.layers.fused_moe import FusedMoE
+    from vllm.model_executor.model_loader.utils import set_default_torch_dtype
+
+    e, h, i = w.dims
+    per_rank = i // tp_size
+    start, end = tp_rank * per_rank, (tp_rank + 1) * per_rank
+    with vllm_setup.ascend_context(vllm_config=cfg), set_default_torch_dtype(dtype):
+        layer = FusedMoE(num_experts=e, top_k=TOP_K, hidden_size=h, intermediate_size=per_rank, reduce_results=True,
+                         renormalize=True, quant_config=None, prefix=f"test_moe.{next(_names)}.experts",
+                         apply_router_weight_on_input=False, has_bias=has_bias, activation=activation,
+                         is_sequence_parallel=False)
+        with torch.no_grad():
+            layer.w13_weight.copy_(w.w13[:, :, 2 * start:2 * end].permute(0, 2, 1))
+            layer.w2_weight.copy_(w.w2[:, start:end, :].permute(0, 2, 1))
+            if has_bias:
+                layer.w13_bias.copy_(w.b13[:, 2 * start:2 * end])
+                layer.w2_bias.copy_(w.b2 if tp_rank == 0 else torch.zeros_like(w.b2))
+        layer.quant_method.process_weights_after_loading(layer)
+    return layer
+
+
+def run_layer(cfg, layer, w, x, *, moe_comm_type=None, with_prefill=True):
+    """Router ``Linear`` (in the layer's dtype, as ``MLPBlock.router``) then the MoE layer, in vllm-ascend's forward
+    context for ``len(x)`` tokens. The MoE communication methods are process-global in vllm-ascend 0.11 (set up by the
+    last ``AscendFusedMoE`` built), so they are set up for this layer first."""
+    from vllm_ascend.ops.moe.moe_comm_method import setup_moe_comm_method
+
+    dtype = layer.w13_weight.dtype
+    xd = x.to(dtype)
+    with vllm_setup.ascend_context(vllm_config=cfg), torch.no_grad():
+        setup_moe_comm_method(layer.moe_config)
+        logits = F.linear(xd, w.router_w.to(dtype), w.router_b.to(dtype))
+        with vllm_setup.forward_context(cfg, xd.shape[0], with_prefill=with_prefill, moe_comm_type=moe_comm_type):
+            return layer(hidden_states=xd, router_logits=logits)
+
+
+def rel_err(out, ref):
+    return ((out.float() - ref).abs().max() / ref.abs().max()).item()
+
+
+def assert_bf16_close(out, w, x, ref32):
+    """The bfloat16 criterion of the module docstring; returns (our error, transformers-bf16 error)."""
+    ours = rel_err(out, ref32)
+    hf16 = rel_err(reference(w, x, torch.bfloat16), ref32)
+    assert ours <= 2 * hf16 + 2 ** -8, f"bf16 error {ours:.3e} vs transformers bf16 {hf16:.3e}"
+    assert ours <= BF16_CAP, f"bf16 error {ours:.3e} > {BF16_CAP}"
+    return ours, hf16
+
+
+def comm_type(name):
+    from vllm_ascend.ascend_forward_context import MoECommType
+
+    return getattr(MoECommType, name)
+
+
+@pytest.fixture
+def upstream_moe(monkeypatch):
+    """Switch the three MoE patches off for the duration of a test (originals put back, by-value name included)."""
+    import vllm_ascend.ops.common_fused_moe as cfm
+    import vllm_ascend.ops.moe.moe_comm_method as mcm
+    import vllm_ascend.ops.moe.moe_mlp as mlp
+
+    monkeypatch.setattr(cfm.AscendUnquantizedFusedMoEMethod, "apply",
+                        cfm.AscendUnquantizedFusedMoEMethod.__dict__["apply"].__wrapped__)
+    monkeypatch.setattr(mcm.MoECommMethod, "fused_experts", mcm.MoECommMethod.__dict__["fused_experts"].__wrapped__)
+    original_mlp = mlp.unified_apply_mlp.__wrapped__
+    monkeypatch.setattr(mlp, "unified_apply_mlp", original_mlp)
+    monkeypatch.setattr(mcm, "unified_apply_mlp", original_mlp)
+
+
+# -------------------------------------------------------------------------------------------------- patch plumbing
+
+
+def test_moe_patches_applied_and_by_value_name_rebound(configs):
+    import gptoss_patch
+    import vllm_ascend.ops.common_fused_moe as cfm
+    import vllm_ascend.ops.moe.moe_comm_method as mcm
+    import vllm_ascend.ops.moe.moe_mlp as mlp
+    from vllm_ascend.ops.moe.moe_comm_method import MoECommMethod
+
+    cfg = configs("bf16")
+    layer = build_layer(cfg, make_weights(4, H_SMALL, I_SMALL, 0), torch.bfloat16)
+    states = {p.name: p.state for p in gptoss_patch.status().patches}
+    assert {k: v for k, v in states.items() if k.startswith("moe.")} == {
+        "moe.unquant_apply": "applied", "moe.fused_experts": "applied", "moe.apply_mlp": "applied"}
+    assert type(layer).__name__ == "AscendFusedMoE"
+    assert type(layer.quant_method) is cfm.AscendUnquantizedFusedMoEMethod
+    assert layer.moe_config.has_bias and layer.activation == "swigluoai"
+    assert mcm.unified_apply_mlp is mlp.unified_apply_mlp
+    assert getattr(mcm.unified_apply_mlp, "_gptoss_patch_name", None) == "moe.apply_mlp"
+    # all four 0.11.0 communication methods inherit the patched fused_experts
+    impls = [mcm.AllGatherCommImpl, mcm.MC2CommImpl, mcm.AlltoAllCommImpl, mcm.NaiveMulticastCommImpl]
+    for cls in impls:
+        below = cls.__mro__[:cls.__mro__.index(MoECommMethod)]
+        assert not any("fused_experts" in k.__dict__ for k in below), cls
+    assert getattr(MoECommMethod.__dict__["fused_experts"], "_gptoss_patch_name", None) == "moe.fused_experts"
+
+
+def test_upstream_routing_is_gptoss_routing(configs):
+    """vllm-ascend's ``select_experts`` with GPT-OSS's arguments (softmax, top-4, renormalize, no grouping; it runs
+    ``npu_moe_gating_top_k_softmax`` then renormalises) = transformers' ``GptOssTopKRouter`` (top-4 logits, softmax
+    over them): the same experts and weights, so routing needs no change."""
+    from transformers import GptOssConfig
+    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
+    from vllm_ascend.ops.moe.experts_selector import select_experts
+
+    cfg = configs("fp32")
+    w = make_weights(32, H_SMALL, I_SMALL, 3)
+    x = make_tokens(w, 257, 4)
+    router = GptOssTopKRouter(GptOssConfig(hidden_size=H_SMALL, num_local_experts=32, num_experts_per_tok=TOP_K))
+    with torch.no_grad():
+        router.weight.copy_(w.router_w)
+        router.bias.copy_(w.router_b)
+        scores, ids_ref = router(x)
+    logits = F.linear(x, w.router_w, w.router_b)
+    with vllm_setup.ascend_context(vllm_config=cfg), vllm_setup.forward_context(cfg, x.shape[0]):
+        weights, ids = select_experts(hidden_states=x, router_logits=logits, top_k=TOP_K, use_grouped_topk=False,
+                                      renormalize=True, scoring_func="softmax", global_num_experts=32)
+    assert ids.dtype == torch.int32
+    assert torch.equal(ids.long().sort(dim=-1).values, ids_ref.sort(dim=-1).values)
+    got = torch.zeros_like(scores).scatter_(1, ids.long(), weights.float())
+    assert (got - scores).abs().max().item() <= 1e-6
+
+
+# ------------------------------------------------------------------------------------------- accuracy vs transformers
+
+
+@pytest.mark.parametrize("num_tokens", [1, 512])
+@pytest.mark.parametrize("num_experts", [4, 32, 128])
+def test_float32_matches_transformers(configs, num_experts, num_tokens):
+    cfg = configs("fp32")
+    w = make_weights(num_experts, H_SMALL, I_SMALL, seed=num_experts)
+    x = make_tokens(w, num_tokens, seed=num_tokens)
+    out = run_layer(cfg, build_layer(cfg, w, torch.float32), w, x)
+    assert out.dtype == torch.float32 and out.shape == x.shape
+    assert rel_err(out, reference(w, x)) <= FP32_TOL
+
+
+@pytest.mark.parametrize("num_tokens", [1, 512])
+@pytest.mark.parametrize("num_experts", [4, 32, 128])
+def test_bfloat16_within_stated_tolerance(configs, num_experts, num_tokens):
+    cfg = configs("bf16")
+    w = make_weights(num_experts, H_SMALL, I_SMALL, seed=num_experts).rounded(torch.bfloat16)
+    x = make_tokens(w, num_tokens, seed=num_tokens, dtype=torch.bfloat16, min_gap=0.1)
+    out = run_layer(cfg, build_layer(cfg, w, torch.bfloat16), w, x)
+    assert out.dtype == torch.bfloat16
+    assert_bf16_close(out, w, x, reference(w, x))
+
+
+def test_unpatched_upstream_is_wrong_for_gptoss(configs, upstream_moe):
+    """The bug this patch fixes, reproduced on the same layer: upstream drops the biases and runs npu_swiglu."""
+    cfg = configs("fp32")
+    w = make_weights(32, H_SMALL, I_SMALL, seed=5)
+    x = make_tokens(w, 64, seed=6)
+    assert rel_err(run_layer(cfg, build_layer(cfg, w, torch.float32), w, x), reference(w, x)) > 0.3
+
+
+def test_experts_that_receive_no_token(configs):
+    # 128 experts, 32 of which (including the first and the last) are never routed to: zero-row groups at both ends
+    dead = [0, 1, 2, 63, 64, 127] + list(range(100, 126))
+    w = make_weights(128, H_SMALL, I_SMALL, seed=11, dead_experts=dead)
+    x = make_tokens(w, 512, seed=12)
+    _, ids = hf_mlp(w).router(x)
+    counts = torch.bincount(ids.flatten(), minlength=128)
+    assert (counts[dead] == 0).all() and (counts > 0).sum() >= 64
+    for name in ("fp32", "bf16"):
+        cfg = configs(name)
+        dtype = torch.float32 if name == "fp32" else torch.bfloat16
+        wd = w.rounded(dtype)
+        out = run_layer(cfg, build_layer(cfg, wd, dtype), wd, x.to(dtype).float())
+        assert torch.isfinite(out.float()).all()
+        ref = reference(wd, x.to(dtype).float())
+        if dtype == torch.float32:
+            assert rel_err(out, ref) <= FP32_TOL
+        else:
+            assert rel_err(out, ref) <= BF16_CAP
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_gpt_oss_120b_per_rank_dims(configs, dtype):
+    """gpt-oss-120b's per-rank expert shapes at TP=8: hidden 2880, intermediate 360 (w13 [E, 2880, 720], w2
+    [E, 360, 2880] after vllm-ascend's transpose); 8 experts instead of 128 for memory. 0.11.0 keeps bf16 MoE weights
+    in ND (``is_enable_nz`` is False for bf16), so the grouped matmul's NZ alignment rule does not apply."""
+    import torch_npu
+
+    cfg = configs("fp32" if dtype == torch.float32 else "bf16")
+    w = make_weights(8, H_120B, I_120B_RANK, seed=120).rounded(dtype)
+    x = make_tokens(w, 512, seed=8, dtype=dtype, min_gap=0.1 if dtype == torch.bfloat16 else 0.0)
+    layer = build_layer(cfg, w, dtype)
+    assert tuple(layer.w13_weight.shape) == (8, 2880, 720) and tuple(layer.w2_weight.shape) == (8, 360, 2880)
+    assert torch_npu.get_npu_format(layer.w2_weight) == 2  # ND
+    for n in (1, 512):
+        out = run_layer(cfg, layer, w, x[:n])
+        ref = reference(w, x[:n])
+        if dtype == torch.float32:
+            assert rel_err(out, ref) <= FP32_TOL
+        else:
+            assert_bf16_close(out, w, x[:n], ref)
+
+
+def test_nz_weights_at_120b_rank_dims_fail_the_gmm_alignment_rule(configs):
+    """Why padding matters if NZ is ever on (another patch's job): an NZ w2 with K = 360 is rejected by the GMM."""
+    import torch_npu
+
+    from gptoss_patch.kernels.moe import grouped_expert_mlp
+
+    w1 = torch.randn(2, H_120B, 2 * I_120B_RANK, dtype=torch.bfloat16)
+    w2 = torch_npu.npu_format_cast(torch.randn(2, I_120B_RANK, H_120B, dtype=torch.bfloat16), 29)
+    x = torch.randn(4, H_120B, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="FRACTAL_NZ"):
+        grouped_expert_mlp(x, w1, w2, torch.tensor([2, 2]), activation="swigluoai")
+
+
+# ------------------------------------------------------------------------------ activation spelling, non-GPT-OSS layers
+
+
+def test_string_and_enum_activation_give_the_same_result(configs):
+    cfg = configs("bf16")
+    w = make_weights(32, H_SMALL, I_SMALL, seed=21).rounded(torch.bfloat16)
+    x = make_tokens(w, 96, seed=22, dtype=torch.bfloat16)
+    layer = build_layer(cfg, w, torch.bfloat16)
+    as_string = run_layer(cfg, layer, w, x)
+    layer.activation = MoEActivation.SWIGLUOAI  # what AscendFusedMoE.forward_impl passes on vLLM >= 0.17
+    as_enum = run_layer(cfg, layer, w, x)
+    assert torch.equal(as_string, as_enum)
+    assert rel_err(as_enum, reference(w, x)) <= BF16_CAP
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_non_gptoss_layer_is_bit_identical_to_upstream(configs, dtype, request):
+    """silu, no bias (every other MoE model): the patched stack returns exactly upstream's tensor."""
+    cfg = configs("fp32" if dtype == torch.float32 else "bf16")
+    w = make_weights(32, H_SMALL, I_SMALL, seed=31).rounded(dtype)
+    x = make_tokens(w, 200, seed=32, dtype=dtype)
+    layer = build_layer(cfg, w, dtype, activation="silu", has_bias=False)
+    patched = run_layer(cfg, layer, w, x)
+    for enum_spelling in (False, True):
+        layer.activation = MoEActivation.SILU if enum_spelling else "silu"
+        assert torch.equal(run_layer(cfg, layer, w, x), patched)
+    layer.activation = "silu"
+    request.getfixturevalue("upstream_moe")  # patches off from here on
+    upstream = run_layer(cfg, layer, w, x)
+    assert torch.equal(patched, upstream)
+
+
+# ------------------------------------------------------------------------- communication methods and expert parallel
+
+
+@pytest.mark.parametrize("method", ["ALLGATHER", "NAIVE_MULTICAST"])
+@pytest.mark.parametrize("ep", [False, True], ids=["ep_off", "ep_on"])
+def test_communication_methods_that_run_on_one_cpu_rank(configs, method, ep):
+    """AllGather and NaiveMulticast (vllm-ascend 0.11's choices on A2 with and without expert parallel, decode and
+    prefill) carry the activation and biases. With one rank, expert parallel on means ep_size = 1: every expert is
+    local (``expert_map`` is None), as vLLM's ``determine_expert_map`` gives."""
+    cfg = configs("fp32_ep" if ep else "fp32")
+    w = make_weights(32, H_SMALL, I_SMALL, seed=41)
+    x = make_tokens(w, 130, seed=42)
+    layer = build_layer(cfg, w, torch.float32)
+    assert layer.expert_map is None and layer.local_num_experts == 32
+    assert cfg.parallel_config.enable_expert_parallel is ep
+    out = run_layer(cfg, layer, w, x, moe_comm_type=comm_type(method), with_prefill=(method == "NAIVE_MULTICAST"))
+    assert rel_err(out, reference(w, x)) <= FP32_TOL
+
+
+@pytest.mark.parametrize("ep", [False, True], ids=["ep_off", "ep_on"])
+@pytest.mark.parametrize("with_prefill", [False, True], ids=["decode", "prefill"])
+def test_runner_selected_method_on_the_simulated_a2(configs, ep, with_prefill):
+    """What NPUModelRunner._select_moe_comm_method picks on the simulated Atlas A2 with one rank, and that it runs."""
+    cfg = configs("fp32_ep" if ep else "fp32")
+    chosen = vllm_setup.select_moe_comm_type(cfg, 8, with_prefill)
+    assert chosen == comm_type("NAIVE_MULTICAST" if with_prefill else "ALLGATHER")
+    w = make_weights(4, H_SMALL, I_SMALL, seed=43)
+    x = make_tokens(w, 8, seed=44)
+    out = run_layer(cfg, build_layer(cfg, w, torch.float32), w, x, with_prefill=with_prefill)
+    assert rel_err(out, reference(w, x)) <= FP32_TOL
+
+
+@pytest.mark.xfail(raises=NotImplementedError, strict=True,
+                   reason="simulator gap: the All2All dispatcher calls torch.histc on int32 expert ids; CPU torch has "
+                          "no integer histc (aclnnHistc supports INT32 on A2/A3)")
+def test_all_to_all_method(configs):
+    cfg = configs("fp32_ep")
+    w = make_weights(4, H_SMALL, I_SMALL, seed=45)
+    x = make_tokens(w, 16, seed=46)
+    out = run_layer(cfg, build_layer(cfg, w, torch.float32), w, x, moe_comm_type=comm_type("ALLTOALL"))
+    assert rel_err(out, reference(w, x)) <= FP32_TOL
+
+
+def test_fused_experts_takes_the_015_keywords_on_every_runnable_method(configs):
+    """``MoECommMethod.fused_experts(..., activation=, w1_bias=, w2_bias=)`` - vllm-ascend 0.15's signature - on the
+    comm-method objects themselves, bypassing the quant method."""
+    from vllm_ascend.ops.moe.moe_comm_method import get_moe_comm_method, setup_moe_comm_method
+
+    cfg = configs("fp32")
+    w = make_weights(32, H_SMALL, I_SMALL, seed=51)
+    x = make_tokens(w, 40, seed=52)
+    layer = build_layer(cfg, w, torch.float32)
+    ref = reference(w, x)
+    weights, ids = hf_mlp(w).router(x)
+    topk_w = weights.gather(1, ids)
+    for name in ("ALLGATHER", "NAIVE_MULTICAST"):
+        for activation in ("swigluoai", MoEActivation.SWIGLUOAI):
+            with vllm_setup.ascend_context(vllm_config=cfg), torch.no_grad():
+                setup_moe_comm_method(layer.moe_config)
+                with vllm_setup.forward_context(cfg, x.shape[0], moe_comm_type=comm_type(name)):
+                    out = get_moe_comm_method(comm_type(name)).fused_experts(
+                        hidden_states=x, w1=layer.w13_weight, w2=layer.w2_weight, topk_weights=topk_w,
+                        topk_ids=ids.to(torch.int32), activation=activation, w1_bias=layer.w13_bias,
+                        w2_bias=layer.w2_bias)
+            assert rel_err(out, ref) <= FP32_TOL
+
+
+# ---------------------------------------------------------------------------------------------- tensor parallel bias
+
+
+@pytest.mark.parametrize("tp_size", [2, 8])
+def test_tensor_parallel_bias_semantics_rank_local(configs, tp_size):
+    """Rank-local math (one process): each TP rank's layer holds its slice of the interleaved gate/up columns, its
+    rows of down_proj, its slice of w13_bias and - as vLLM's loader does - w2_bias only on rank 0 (zeros elsewhere).
+    The sum of the ranks' outputs (what the all-reduce after the MoE computes) equals the single-device MLP; keeping
+    w2_bias on every rank would add it tp_size times."""
+    cfg = configs("fp32")
+    w = make_weights(8, H_SMALL, 8 * 24, seed=61)
+    x = make_tokens(w, 64, seed=62)
+    outs = [run_layer(cfg, build_layer(cfg, w, torch.float32, tp_rank=r, tp_size=tp_size), w, x)
+            for r in range(tp_size)]
+    ref = reference(w, x)
+    assert rel_err(sum(outs), ref) <= FP32_TOL
+    routed_b2 = reference(Weights(w.router_w, w.router_b, w.w13, w.b13, w.w2, torch.zeros_like(w.b2)), x)
+    assert rel_err(sum(outs) + (tp_size - 1) * (ref - routed_b2), ref) > 1e-2  # b2 on every rank would be wrong
+
+
+# --------------------------------------------------------------------------------------------------- kernel details
+
+
+def test_group_list_as_counts_and_as_cumulative_ends(configs):
+    """MC2's dispatcher hands the MLP cumulative ends (group_list_type 0), AllGather counts (1): same result."""
+    from gptoss_patch.kernels.moe import grouped_expert_mlp
+
+    g = torch.Generator().manual_seed(71)
+    e, h, i = 6, H_SMALL, I_SMALL
+    w1, w2 = torch.randn(e, h, 2 * i, generator=g), torch.randn(e, i, h, generator=g) / i ** 0.5
+    b1, b2 = torch.randn(e, 2 * i, generator=g), torch.randn(e, h, generator=g)
+    counts = torch.tensor([3, 0, 5, 0, 0, 4])
+    x = torch.randn(int(counts.sum()), h, generator=g)
+    a = grouped_expert_mlp(x, w1, w2, counts, group_list_type=1, w1_bias=b1, w2_bias=b2)
+    b = grouped_expert_mlp(x, w1, w2, counts.cumsum(0), group_list_type=0, w1_bias=b1, w2_bias=b2)
+    assert torch.equal(a, b)
+    expert = torch.repeat_interleave(torch.arange(e), counts)
+    want = torch.stack([_scalar_expert(x[r], w1[ex], b1[ex], w2[ex], b2[ex]) for r, ex in enumerate(expert.tolist())])
+    assert (a - want).abs().max().item() <= 1e-4 * want.abs().max().item()
+
+
+def _scalar_expert(xr, w1, b1, w2, b2):
+    """One row through one expert, written out with Python floats for the activation (independent of the kernel)."""
+    import math
+
+    h = (xr.double() @ w1.double() + b1.double()).tolist()
+    act = []
+    for j in range(0, len(h), 2):
+        gate, up = min(h[j], 7.0), max(min(h[j + 1], 7.0), -7.0)
+        act.append((up + 1.0) * gate / (1.0 + math.exp(-1.702 * gate)))
+    return (torch.tensor(act, dtype=torch.float64) @ w2.double() + b2.double()).float()
+
+
+def test_swigluoai_is_vllms_forward_native_bit_for_bit():
+    """The activation the patched MLP runs is vLLM's ``SwigluOAIAndMul.forward_native`` (what 0.15.0rc1 calls)."""
+    from vllm.model_executor.layers.activation import SwigluOAIAndMul
+
+    from gptoss_patch.kernels.moe import swigluoai
+
+    for dtype in (torch.float32, torch.bfloat16):
+        x = (torch.randn(300, 720, generator=torch.Generator().manual_seed(81)) * 6).to(dtype)
+        holder = type("L", (), {"alpha": 1.702, "limit": 7.0})()
+        assert torch.equal(swigluoai(x), SwigluOAIAndMul.forward_native(holder, x))
+
+
+def test_bias_goes_into_the_gmm_in_float32_for_bf16():
+    from gptoss_patch.kernels.moe import gmm_bias
+
+    b = torch.randn(4, 8, dtype=torch.bfloat16)
+    assert gmm_bias(b, torch.bfloat16)[0].dtype == torch.float32
+    assert gmm_bias(b, torch.float16)[0].dtype == torch.float16
+    assert gmm_bias(None, torch.bfloat16) is None
+
+
+def test_quantised_mlp_with_gptoss_extras_refuses(configs):
+    import vllm_ascend.ops.moe.moe_mlp as mlp
+
+    from gptoss_patch.patches.moe import MoEExtras, _scope
+
+    x = torch.randn(4, H_SMALL)
+    with _scope(MoEExtras("swigluoai")), pytest.raises(NotImplementedError, match="quantised"):
+        mlp.unified_apply_mlp(hidden_states=x, w1=None, w1_scale=None, w2=None, w2_scale=None,
+                              group_list=torch.tensor([4]), with_quant=True)
