@@ -5,7 +5,7 @@
   ``vllm`` and ``vllm-ascend`` wheels of that row installed with ``--no-deps`` (their torch pins
   conflict with each other and with the CPU build), the packages they need at import time, and
   gptoss-patch installed from this checkout as a wheel (so its ``.pth`` is the real one), then runs
-  ``tests/cell`` with ``GPTOSS_CELL=<release>``.
+  the cell's test paths (``CELLS[release]["tests"]``) with ``GPTOSS_CELL=<release>``.
 * ``nox -s demo`` is the main job: ``python -m gptoss_patch.verify --simulate`` in the 0.11.0 cell.
 
 Virtual environments are cached between runs on the same machine under
@@ -55,9 +55,33 @@ VLLM_011_IMPORT_DEPS = [
     "diskcache", "lark", "watchfiles", "python-json-logger", "scipy", "decorator", "pyyaml",
 ]
 
-#: Per cell: the upstream wheels (installed --no-deps) and their import-time dependencies.
+#: Packages vLLM 0.15.0 and vllm-ascend 0.15.0rc1 import (shared/reference/simulator_notes.md: the 0.11 list with
+#: newer transformers/pydantic/compressed-tensors plus ijson, anthropic, model-hosting-container-standards, mcp;
+#: checked by running tests/cell/native_015 in a venv built from exactly these lists). Added to the notes' list:
+#: llguidance and mistral_common (imported by vllm.v1.structured_output once vllm-ascend's worker patches import
+#: vllm.v1.worker.utils; pins from vllm 0.15.0's METADATA). xgrammar (same import chain) goes in ``no_deps``: its
+#: wheel requires triton, which would make vLLM's HAS_TRITON true and switch vllm-ascend onto Triton code paths.
+#: Not installable here: torchvision (no release imports beside the CPU torch 2.13.0 - see
+#: gptoss_patch/testing/native_015.py for the worker patches that cannot load without it) and numba (only
+#: needed by NPUModelRunner's module, which the calibration cell does not build).
+VLLM_015_IMPORT_DEPS = [
+    *[d for d in VLLM_011_IMPORT_DEPS
+      if not d.startswith(("transformers", "pydantic", "compressed-tensors"))],
+    "transformers>=4.57.4,<5", "pydantic>=2.12", "compressed-tensors==0.13.0",
+    "ijson", "anthropic", "model-hosting-container-standards", "mcp",
+    "llguidance>=1.3.0,<1.4.0", "mistral_common>=1.8.8",
+]
+
+#: Per cell: the upstream wheels (installed --no-deps), their import-time dependencies, and the test paths
+#: the cell runs (relative to the repository root). tests/cell/*.py target the patched 0.11 layout;
+#: tests/cell/native_015 calibrates the simulator against vllm-ascend 0.15.0rc1's native GPT-OSS code.
+#: tests/cell/conftest.py refuses a collection that mixes them up (GPTOSS_CELL decides), so a wrong path
+#: list fails loudly instead of running - or skipping - the wrong suite.
 CELLS: dict[str, dict[str, list[str]]] = {
-    "0.11.0": {"no_deps": ["vllm==0.11.0", "vllm-ascend==0.11.0"], "deps": VLLM_011_IMPORT_DEPS},
+    "0.11.0": {"no_deps": ["vllm==0.11.0", "vllm-ascend==0.11.0"], "deps": VLLM_011_IMPORT_DEPS,
+               "tests": ["tests/cell", "--ignore=tests/cell/native_015"]},
+    "0.15.0rc1": {"no_deps": ["vllm==0.15.0", "vllm-ascend==0.15.0rc1", "xgrammar==0.1.29"],
+                  "deps": VLLM_015_IMPORT_DEPS, "tests": ["tests/cell/native_015"]},
 }
 
 #: Host-only unit tests: no vllm.
@@ -124,7 +148,7 @@ def _cell(release: str):
         build = time.monotonic() - t0
         session.log(f"cell {release}: environment ready in {build:.0f} s")
         t1 = time.monotonic()
-        _pytest(session, py, "tests/cell", "-q", env=_clean_env(GPTOSS_CELL=release))
+        _pytest(session, py, *spec["tests"], "-q", env=_clean_env(GPTOSS_CELL=release))
         session.log(f"cell {release}: environment {build:.0f} s, tests {time.monotonic() - t1:.0f} s")
 
     cell.__doc__ = f"Suite against the real vllm-ascend {release} wheels ({', '.join(spec['no_deps'])})."

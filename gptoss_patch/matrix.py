@@ -43,6 +43,7 @@ LAYOUTS: dict[str, dict[str, str]] = {
     "B": {
         "attention_impl_init": f"{_AA}:AscendAttentionBackendImpl.__init__",
         "attention_impl_forward_011": f"{_AA}:AscendAttentionBackendImpl.forward",
+        "yarn_rope_init": "vllm_ascend.ops.rotary_embedding:AscendYaRNRotaryEmbedding.__init__",
         "moe_unquant_apply": "vllm_ascend.ops.common_fused_moe:AscendUnquantizedFusedMoEMethod.apply",
         "moe_fused_experts": "vllm_ascend.ops.moe.moe_comm_method:MoECommMethod.fused_experts",
         "moe_unified_apply_mlp_011": "vllm_ascend.ops.moe.moe_mlp:unified_apply_mlp",
@@ -52,7 +53,7 @@ LAYOUTS: dict[str, dict[str, str]] = {
 
 #: Which patches (by name, see gptoss_patch.patches) each layout family needs.
 LAYOUT_PATCHES: dict[str, tuple[str, ...]] = {
-    "B": ("attention.keep_sinks", "attention.sink_window_forward", "moe.unquant_apply", "moe.fused_experts",
+    "B": ("attention.keep_sinks", "attention.sink_window_forward", "rope.yarn_truncate", "moe.unquant_apply", "moe.fused_experts",
           "moe.apply_mlp"),
 }
 
@@ -102,6 +103,8 @@ ROWS: tuple[Row, ...] = (
         "different architecture (Attention class replaced wholesale, MoE method monkey-patched onto vLLM's)"),
     Row("0.11.0", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", True,
         "GPT-OSS patches applied (see verify for the list)"),
+    Row("0.15.0rc1", "0.15.0", "2.9.0", "2.9.0", "8.5.0", STAND_DOWN, None, True,
+        "native GPT-OSS support; calibration cell"),
 )
 
 #: From this vllm-ascend release on, GPT-OSS is supported natively (commit 7221045777, PR #5901).

@@ -20,6 +20,12 @@ vllm-ascend ≥ 0.15 passes ``pre_tokens = sliding_window`` and admits 129 (npu_
 Modes 3 and 4 take the same compressed 2048×2048 causal template as ``atten_mask`` (the band's
 geometry comes from the mode and pre/next; OPD-fia "Q_S>1" mask constraints, vllm-ascend PR #8387),
 so one mask per (dtype, device) serves every layer and window; it is built once and cached.
+
+ACL graphs (FULL_DECODE_ONLY): :func:`sink_window_attention_out` / :func:`fused_attention_out` are the ``.out``
+forms a captured graph holds - they write into the caller's output, LSE and workspace buffers, one operator launch
+per layer, so :mod:`gptoss_patch.patches.aclgraph` can re-issue that launch with new lengths in a task-group update.
+:func:`graph_path` picks the operator that can be updated on this torch_npu (v2 needs op-plugin 7.3.0);
+:func:`decode_launch_lengths` turns vllm-ascend's padded decode metadata into lengths that cover every row.
 """
 
 from __future__ import annotations
@@ -207,26 +213,258 @@ def sink_window_attention(
 
         torch_npu = _tn
     path = chosen_path(torch_npu)
-    num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
-    key = key_cache.view(num_blocks, block_size, -1)
-    value = value_cache.view(num_blocks, block_size, -1)
-    mode, pre, nxt = band(sliding_window)
-    mask = causal_template(torch.int8, query.device)
+    key, value, block_size = paged_views(key_cache, value_cache)
+    kwargs = fia_kwargs(path, block_table=block_table, block_size=block_size, query_cu_lens=query_cu_lens,
+                        kv_lens=kv_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale,
+                        sinks=sinks, sliding_window=sliding_window, mask=causal_template(torch.int8, query.device))
     if path == V2:
-        res, _ = torch_npu.npu_fused_infer_attention_score_v2(
-            query, key, value, num_query_heads=num_heads, num_key_value_heads=num_kv_heads, input_layout="TND",
-            pre_tokens=pre, next_tokens=nxt, atten_mask=mask, sparse_mode=mode, softmax_scale=scale,
-            block_table=block_table, block_size=block_size, actual_seq_qlen=list(query_cu_lens),
-            actual_seq_kvlen=list(kv_lens), learnable_sink=sinks)
+        res, _ = torch_npu.npu_fused_infer_attention_score_v2(query, key, value, **kwargs)
     else:
-        res, lse = torch_npu.npu_fused_infer_attention_score(
-            query, key, value, atten_mask=mask, block_table=block_table, input_layout="TND",
-            block_size=block_size, actual_seq_lengths=list(query_cu_lens), actual_seq_lengths_kv=list(kv_lens),
-            num_key_value_heads=num_kv_heads, num_heads=num_heads, scale=scale, sparse_mode=mode,
-            pre_tokens=pre, next_tokens=nxt, softmax_lse_flag=sinks is not None)
+        res, lse = torch_npu.npu_fused_infer_attention_score(query, key, value, **kwargs)
         if sinks is not None:
             res = sink_rescale(res, lse, sinks)
     out.copy_(res)
+    return out
+
+
+def paged_views(key_cache: torch.Tensor, value_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """``(key, value, block_size)``: the caches as the fused operator reads them, ``(num_blocks, block_size, KV_N*D)``.
+
+    Accepts vllm-ascend's 4-D caches ``(num_blocks, block_size, KV_N, D)`` (viewed, no copy) or the 3-D views.
+    """
+    num_blocks, block_size = key_cache.shape[0], key_cache.shape[1]
+    if key_cache.dim() == 3:
+        return key_cache, value_cache, block_size
+    return key_cache.view(num_blocks, block_size, -1), value_cache.view(num_blocks, block_size, -1), block_size
+
+
+def fia_kwargs(path: str, *, block_table: torch.Tensor, block_size: int, query_cu_lens: Sequence[int],
+               kv_lens: Sequence[int], num_heads: int, num_kv_heads: int, scale: float, sinks: torch.Tensor | None,
+               sliding_window: int | None, mask: torch.Tensor) -> dict[str, Any]:
+    """Keyword arguments of one TND paged call of the fused operator of ``path`` (everything after query/key/value).
+
+    ``v2``: ``npu_fused_infer_attention_score_v2`` names, ``learnable_sink=sinks``. ``lse``: the v1 names,
+    ``softmax_lse_flag=True`` when there are sinks (the LSE feeds :func:`sink_rescale`). Both: ``input_layout="TND"``,
+    :func:`band` for ``sparse_mode``/``pre_tokens``/``next_tokens``, the causal template ``mask``, host-list lengths
+    (copied, so a caller's later edits do not reach a queued launch). Sources: npu_ops.md §2.1, §3.1.
+    """
+    mode, pre, nxt = band(sliding_window)
+    if path == V2:
+        return dict(num_query_heads=num_heads, num_key_value_heads=num_kv_heads, input_layout="TND",
+                    pre_tokens=pre, next_tokens=nxt, atten_mask=mask, sparse_mode=mode, softmax_scale=scale,
+                    block_table=block_table, block_size=block_size, actual_seq_qlen=list(query_cu_lens),
+                    actual_seq_kvlen=list(kv_lens), learnable_sink=sinks)
+    return dict(atten_mask=mask, block_table=block_table, input_layout="TND", block_size=block_size,
+                actual_seq_lengths=list(query_cu_lens), actual_seq_lengths_kv=list(kv_lens),
+                num_key_value_heads=num_kv_heads, num_heads=num_heads, scale=scale, sparse_mode=mode,
+                pre_tokens=pre, next_tokens=nxt, softmax_lse_flag=sinks is not None)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# ACL graph (FULL_DECODE_ONLY) form: the `.out` overloads, a preallocated LSE and workspace, updatable lengths.
+# The capture / update protocol itself lives in gptoss_patch.patches.aclgraph.
+
+#: First torch_npu release whose op-plugin line (7.3.0) can update a captured ``npu_fused_infer_attention_score_v2``
+#: inside an NPU graph task group (op-plugin commit c2bbff98, PR !3925, 2025-12-30; npu_ops.md §3.2, §10.5).
+#: torch_npu 2.7.1 / 2.8.0 (vllm-ascend 0.11 - 0.13) are on 7.2.0: their v2 can run, but not be re-issued in a
+#: captured task group, so captured sink layers use the v1 ``.out`` + LSE path there.
+V2_GRAPH_UPDATE_MIN_TORCH_NPU = (2, 9, 0)
+
+
+def v2_graph_update_supported(torch_npu: Any) -> bool:
+    """True when ``torch_npu.__version__`` is at least :data:`V2_GRAPH_UPDATE_MIN_TORCH_NPU` (unparsable: False)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        release = Version(str(getattr(torch_npu, "__version__", ""))).release
+    except InvalidVersion:
+        return False
+    return tuple(release[:3]) >= V2_GRAPH_UPDATE_MIN_TORCH_NPU
+
+
+def graph_path(has_sinks: bool = True, torch_npu: Any | None = None) -> str:
+    """The operator path for an attention launch captured in an ACL graph and re-issued by the update.
+
+    * a layer without sinks (sliding window only): ``lse`` - the v1 ``.out``, no LSE, nothing to rescale;
+    * process path ``lse`` (:func:`chosen_path`): ``lse``;
+    * process path ``v2``: ``v2`` when ``GPTOSS_PATCH_ATTENTION_PATH=v2`` forces it (the user vouches that this
+      torch_npu updates a captured v2) or :func:`v2_graph_update_supported`; otherwise ``lse`` (v1 ``.out`` with
+      ``softmax_lse_flag`` and :func:`sink_rescale` - the same attention, rounding aside).
+
+    Raises:
+        SinkAttentionUnavailable: a sink layer whose v2 cannot be updated in a graph on this torch_npu and whose v1
+            has no ``softmax_lse_flag`` (the message says to run PIECEWISE or eager).
+    """
+    if torch_npu is None:
+        import torch_npu as _tn
+
+        torch_npu = _tn
+    path = chosen_path(torch_npu)
+    if path == LSE or not has_sinks:
+        return LSE
+    forced = os.environ.get("GPTOSS_PATCH_ATTENTION_PATH", "").strip().lower() == V2
+    if forced or v2_graph_update_supported(torch_npu):
+        return V2
+    if _accepts(getattr(torch_npu, "npu_fused_infer_attention_score", None), "softmax_lse_flag"):
+        return LSE
+    raise SinkAttentionUnavailable(
+        f"torch_npu {getattr(torch_npu, '__version__', '?')} cannot update a captured "
+        "npu_fused_infer_attention_score_v2 (needs torch_npu >= 2.9.0) and its npu_fused_infer_attention_score has no "
+        "softmax_lse_flag: GPT-OSS attention cannot be captured in a full ACL graph. Run PIECEWISE "
+        "(--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}') or eager (--enforce-eager)")
+
+
+def decode_launch_lengths(query_cu_lens: Sequence[int], kv_lens: Sequence[int], num_actual_tokens: int,
+                          num_tokens: int) -> tuple[list[int], list[int]]:
+    """Lengths of one TND launch covering all ``num_tokens`` rows of a graph-padded decode batch.
+
+    vllm-ascend 0.11's ``AscendAttentionMetadataBuilder.build`` pads a DecodeOnly batch of ``num_actual_tokens``
+    up to ``num_input_tokens`` (the capture size) with ``seq_lens`` ones, zero block-table rows and
+    ``query_start_loc`` extended by ``arange(last + 1, last + pad)`` - one entry fewer than the padding, so its last
+    cumulative length is ``num_tokens - 1`` (for ``pad >= 1``) while the TND operator requires ``T`` == the last
+    cumulative length (npu_ops.md §1.3, §2.6). Here: the real sequences (cumulative lengths ``<= num_actual_tokens``)
+    keep their query/KV lengths; each padding row becomes its own one-token sequence with KV length 0, which the
+    operator answers with a zero row (as vllm-ascend 0.13's ``_pad_attention_seq_params`` pads).
+
+    Args:
+        query_cu_lens: the metadata's ``actual_seq_lengths_q`` (host list, cumulative).
+        kv_lens: the metadata's ``seq_lens_list`` (host list, per sequence, >= the real sequences).
+        num_actual_tokens: real tokens of the step (``AscendMetadata.num_actual_tokens``).
+        num_tokens: rows of the launch (the capture size).
+
+    Returns:
+        ``(query_cu_lens, kv_lens)`` host lists; the last query length is ``num_tokens``.
+
+    Raises:
+        ValueError: the real cumulative lengths do not end at ``num_actual_tokens``, too few KV lengths, or
+            ``num_tokens < num_actual_tokens``.
+    """
+    q = list(query_cu_lens)
+    real = 0
+    while real < len(q) and q[real] <= num_actual_tokens:
+        real += 1
+    last = q[real - 1] if real else 0
+    if last != num_actual_tokens:
+        raise ValueError(f"query lengths {q} do not end at the {num_actual_tokens} real tokens of the step")
+    kv = list(kv_lens)
+    if len(kv) < real:
+        raise ValueError(f"{len(kv)} KV lengths for {real} sequences")
+    pad = num_tokens - num_actual_tokens
+    if pad < 0:
+        raise ValueError(f"{num_actual_tokens} real tokens exceed the {num_tokens} rows of the launch")
+    return q[:real] + list(range(num_actual_tokens + 1, num_tokens + 1)), kv[:real] + [0] * pad
+
+
+def _op(torch_npu: Any, path: str) -> Any:
+    return torch_npu.npu_fused_infer_attention_score_v2 if path == V2 else torch_npu.npu_fused_infer_attention_score
+
+
+def max_workspace(path: str, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, *,
+                  block_table: torch.Tensor, query_cu_lens: Sequence[int], kv_lens: Sequence[int], num_heads: int,
+                  num_kv_heads: int, scale: float, sinks: torch.Tensor | None, sliding_window: int | None,
+                  torch_npu: Any = None) -> torch.Tensor:
+    """``_npu_fused_infer_attention_score(_v2)_get_max_workspace`` for the launch :func:`fused_attention_out` makes.
+
+    The operator sizes the workspace for the worst case of the given shapes (npu_ops.md §2.1, §7; vllm-ascend
+    passes it to every captured ``.out`` call and its updates). Host-side; returns a device uint8 tensor.
+    """
+    if torch_npu is None:
+        import torch_npu as _tn
+
+        torch_npu = _tn
+    key, value, block_size = paged_views(key_cache, value_cache)
+    kwargs = fia_kwargs(path, block_table=block_table, block_size=block_size, query_cu_lens=query_cu_lens,
+                        kv_lens=kv_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale, sinks=sinks,
+                        sliding_window=sliding_window, mask=causal_template(torch.int8, query.device))
+    fn = (torch_npu._npu_fused_infer_attention_score_v2_get_max_workspace if path == V2
+          else torch_npu._npu_fused_infer_attention_score_get_max_workspace)
+    return fn(query, key, value, **kwargs)
+
+
+def fused_attention_out(path: str, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, *,
+                        block_table: torch.Tensor, query_cu_lens: Sequence[int], kv_lens: Sequence[int],
+                        num_heads: int, num_kv_heads: int, scale: float, sinks: torch.Tensor | None,
+                        sliding_window: int | None, out: torch.Tensor, softmax_lse: torch.Tensor,
+                        workspace: torch.Tensor | None, torch_npu: Any = None) -> torch.Tensor:
+    """Exactly one ``.out`` launch of the fused operator of ``path`` (the task an ACL-graph task group holds).
+
+    ``v2``: ``npu_fused_infer_attention_score_v2.out(..., learnable_sink=sinks)`` - the finished result.
+    ``lse``: ``npu_fused_infer_attention_score.out(..., softmax_lse_flag=sinks is not None)`` - attention *without*
+    sinks and its LSE; the caller applies :func:`sink_rescale_` afterwards (outside the task group).
+
+    Args:
+        query: ``(T, N, D)``, T = ``query_cu_lens[-1]``.
+        key_cache / value_cache: ``(num_blocks, block_size, KV_N, D)`` caches or their ``(…, KV_N*D)`` views.
+        block_table: ``(B, max_blocks)`` int32, B = ``len(query_cu_lens)``.
+        query_cu_lens / kv_lens: host lists (see :func:`decode_launch_lengths`).
+        out: ``(T, N, D)`` query-dtype buffer, overwritten.
+        softmax_lse: float32 ``(T, N, 1)`` buffer (written on the ``lse`` path with sinks), else any float32 tensor.
+        workspace: from :func:`max_workspace`, or None.
+
+    Returns:
+        ``out``. No host synchronisation, no allocation on the caller's side.
+    """
+    if torch_npu is None:
+        import torch_npu as _tn
+
+        torch_npu = _tn
+    key, value, block_size = paged_views(key_cache, value_cache)
+    kwargs = fia_kwargs(path, block_table=block_table, block_size=block_size, query_cu_lens=query_cu_lens,
+                        kv_lens=kv_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale, sinks=sinks,
+                        sliding_window=sliding_window, mask=causal_template(torch.int8, query.device))
+    _op(torch_npu, path).out(query, key, value, **kwargs, workspace=workspace, out=[out, softmax_lse])
+    return out
+
+
+def sink_rescale_(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """In-place :func:`sink_rescale` of ``out`` (``(T, N, D)``) with ``lse`` ``(T, N, 1)`` float32; returns ``out``.
+
+    Rows with KV length 0 have ``lse = +inf`` and output 0: ``0 · sigmoid(+inf) = 0``.
+    """
+    return out.copy_(sink_rescale(out, lse, sinks))
+
+
+def sink_window_attention_out(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    *,
+    block_table: torch.Tensor,
+    query_cu_lens: Sequence[int],
+    kv_lens: Sequence[int],
+    num_heads: int,
+    num_kv_heads: int,
+    scale: float,
+    sinks: torch.Tensor | None,
+    sliding_window: int | None,
+    out: torch.Tensor,
+    softmax_lse: torch.Tensor,
+    workspace: torch.Tensor | None,
+    path: str | None = None,
+    torch_npu: Any = None,
+) -> torch.Tensor:
+    """:func:`sink_window_attention` in the ``.out`` form a captured graph uses: writes into ``out`` in place.
+
+    One :func:`fused_attention_out` launch (path default :func:`graph_path`), then, on the ``lse`` path with sinks,
+    :func:`sink_rescale_`. All buffers are the caller's (a graph reuses them on every replay): ``out`` ``(T, N, D)``,
+    ``softmax_lse`` float32 ``(T, N, 1)``, ``workspace`` from :func:`max_workspace`. Same arguments and result as
+    :func:`sink_window_attention` otherwise (exactly equal in float32 on the same path).
+
+    Raises:
+        SinkAttentionUnavailable: see :func:`graph_path`.
+    """
+    if torch_npu is None:
+        import torch_npu as _tn
+
+        torch_npu = _tn
+    if path is None:
+        path = graph_path(sinks is not None, torch_npu)
+    fused_attention_out(path, query, key_cache, value_cache, block_table=block_table, query_cu_lens=query_cu_lens,
+                        kv_lens=kv_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale, sinks=sinks,
+                        sliding_window=sliding_window, out=out, softmax_lse=softmax_lse, workspace=workspace,
+                        torch_npu=torch_npu)
+    if path == LSE and sinks is not None:
+        sink_rescale_(out, softmax_lse, sinks)
     return out
 
 

@@ -34,6 +34,8 @@ What cannot run here, and why (each checked by :func:`vllm_context`):
   asserts exactly that set.
 * ``_register_atb_extensions()`` loads vllm-ascend's compiled ATB library; the simulator provides the
   operators instead.
+* ``NPUModelRunner`` is not built (its module imports ``numba``); of its ``__init__`` only
+  ``set_weight_prefetch_method(ascend_config.weight_prefetch_config)`` is replayed, which the MoE path reads.
 """
 
 from __future__ import annotations
@@ -135,6 +137,13 @@ def vllm_context(ckpt_dir: str | None = None, dtype: str = "float32"):
             register_ascend_customop(cfg)
             init_ascend_config(cfg)
             check_ascend_device_type()
+            # NPUModelRunner.__init__ (worker/model_runner_v1.py): the one piece of model-runner state that the
+            # eager MoE path reads (select_experts -> get_weight_prefetch_method()). The runner itself is not
+            # built: its module imports numba (vLLM's n-gram proposer), not needed for anything tested here.
+            from vllm_ascend.ascend_config import get_ascend_config
+            from vllm_ascend.utils import set_weight_prefetch_method
+
+            set_weight_prefetch_method(get_ascend_config().weight_prefetch_config)
         _context.update(config=cfg, ckpt=ckpt_dir, dtype=dtype)
         return cfg, ckpt_dir
 
@@ -322,8 +331,22 @@ def run_native_moe(native: NativeModel, layer: int, hidden: torch.Tensor) -> tor
     from vllm.config import set_current_vllm_config
     from vllm_ascend.ascend_forward_context import set_ascend_forward_context
 
+    from vllm.forward_context import get_forward_context
+
     cfg = native.config
+    mlp = native.model.model.layers[layer].mlp
     with torch.no_grad(), set_current_vllm_config(cfg), set_ascend_forward_context(None, cfg,
                                                                                     num_tokens=hidden.shape[0]):
-        return native.model.model.layers[layer].mlp(hidden)
+        fc = get_forward_context()
+        # vLLM 0.15 binds the n-th moe_forward call of a forward pass to the n-th MoE layer
+        # (ForwardContext.remaining_moe_layers, vllm/forward_context.py; get_layer_from_name in
+        # fused_moe/layer.py). A step runs every layer in order; running one layer alone, the list must
+        # name that layer only, or the call would execute layer 0.
+        if fc.remaining_moe_layers is None:
+            raise RuntimeError("vLLM no longer sets ForwardContext.remaining_moe_layers; revisit run_native_moe")
+        fc.remaining_moe_layers = [mlp.experts.layer_name]
+        out = mlp(hidden)
+        if fc.remaining_moe_layers:
+            raise RuntimeError(f"the MoE layer {mlp.experts.layer_name} was not called through moe_forward")
+        return out
 

@@ -74,11 +74,15 @@ class Request:
     max_new_tokens: int
     output: list[int] = field(default_factory=list)
     logits: list[torch.Tensor] = field(default_factory=list)  # float32 [vocab] per generated token
+    forced: list[int] | None = None  # teacher forcing: feed these instead of our own outputs
     computed: int = 0            # tokens whose K/V are in the cache
     blocks: list[int] = field(default_factory=list)
 
     @property
     def tokens(self) -> list[int]:
+        """What the model is fed: the prompt, then our outputs (or the forced tokens, one per output)."""
+        if self.forced is not None:
+            return self.prompt + self.forced[:len(self.output)]
         return self.prompt + self.output
 
     @property
@@ -236,12 +240,14 @@ class SimulatedGptOss:
             return self.mask_builder.get_attn_mask(128, self.dtype, torch.device("cpu"))
         return None
 
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int,
-                 stagger: bool = True) -> list[Request]:
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, stagger: bool = True,
+                 forced: Sequence[Sequence[int]] | None = None) -> list[Request]:
         """Greedy-decode every prompt. With ``stagger``, request i joins after step i, so prefill chunks of
         later requests share steps with the decodes of earlier ones (chunked prefill, mixed batches) and
-        reuse the prefix blocks the earlier ones published."""
-        reqs = [Request(i, list(p), max_new_tokens) for i, p in enumerate(prompts)]
+        reuse the prefix blocks the earlier ones published. ``forced``: per prompt, the tokens to feed
+        back instead of our own argmax (teacher forcing); outputs are still our argmax."""
+        reqs = [Request(i, list(p), max_new_tokens, forced=list(forced[i]) if forced else None)
+                for i, p in enumerate(prompts)]
         active: list[Request] = []
         pending = list(reqs)
         while pending or any(not r.done for r in active):

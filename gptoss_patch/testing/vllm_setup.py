@@ -37,11 +37,10 @@ import inspect
 import os
 import tempfile
 import threading
-import types
 from typing import Any, Iterator
 
 __all__ = ["engine_config", "ascend_context", "load_model", "forward_context", "select_moe_comm_type",
-           "ENGINE_DEFAULTS"]
+           "mc2_tokens_capacity", "ENGINE_DEFAULTS"]
 
 #: Defaults for :func:`engine_config` (each can be overridden by keyword).
 ENGINE_DEFAULTS: dict[str, Any] = {
@@ -108,13 +107,14 @@ def _init_world(cfg: Any, rank: int, distributed_init_method: str | None) -> Non
     _world = want
 
 
-def _init_ascend(cfg: Any) -> None:
+def _init_ascend(cfg: Any, worker_patches: bool) -> None:
     """The vllm-ascend part of ``NPUWorker.__init__`` for ``cfg`` (idempotent parts stay idempotent)."""
     import vllm_ascend.utils as vu
     from vllm_ascend import ops
     from vllm_ascend.ascend_config import init_ascend_config
 
-    vu.adapt_patch()
+    if worker_patches:
+        vu.adapt_patch()
     if hasattr(vu, "is_enable_nz"):  # 0.11.x / 0.12: caches its answer on the first call; recompute for this config
         if hasattr(vu, "_ENABLE_NZ"):
             vu._ENABLE_NZ = None
@@ -127,11 +127,16 @@ def _init_ascend(cfg: Any) -> None:
         if fn is not None:
             fn()
             break
+    if hasattr(vu, "set_weight_prefetch_method"):  # 0.15: NPUModelRunner.__init__ sets it; select_experts reads it
+        from vllm_ascend.ascend_config import get_ascend_config
+
+        vu.set_weight_prefetch_method(get_ascend_config().weight_prefetch_config)
 
 
 @contextlib.contextmanager
 def ascend_context(checkpoint_dir: str | os.PathLike | None = None, *, vllm_config: Any = None, rank: int = 0,
-                   distributed_init_method: str | None = None, **engine_args: Any) -> Iterator[Any]:
+                   distributed_init_method: str | None = None, worker_patches: bool = True,
+                   **engine_args: Any) -> Iterator[Any]:
     """Worker state for one config; yields the ``VllmConfig`` (current for the duration, as vLLM's loader needs).
 
     Args:
@@ -140,6 +145,9 @@ def ascend_context(checkpoint_dir: str | os.PathLike | None = None, *, vllm_conf
         rank: this process's global rank (multi-process tests: one process per rank).
         distributed_init_method: ``torch.distributed`` init URL shared by all ranks (``file://...`` or ``tcp://...``);
             default a fresh file (single process).
+        worker_patches: apply vllm-ascend's worker patches (``adapt_patch()``) as the worker does. vllm-ascend
+            0.15.0rc1's import ``torchvision`` (``patch_huanyuan_vl``), which the 0.15 venv lacks; pass ``False`` there
+            when the code under test does not depend on them (the MoE path does not). Once applied they stay applied.
 
     Raises:
         ValueError: neither or both of ``checkpoint_dir`` / ``vllm_config``.
@@ -153,7 +161,7 @@ def ascend_context(checkpoint_dir: str | os.PathLike | None = None, *, vllm_conf
 
     with _lock, set_current_vllm_config(cfg):
         _init_world(cfg, rank, distributed_init_method)
-        _init_ascend(cfg)
+        _init_ascend(cfg, worker_patches)
         yield cfg
 
 
@@ -165,30 +173,66 @@ def load_model(vllm_config: Any):
                                                                model_config=vllm_config.model_config)
 
 
-def _runner_view(cfg: Any) -> Any:
-    """The attributes ``NPUModelRunner`` (0.11.x) reads in ``_init_mc2_tokens_capacity`` / ``_select_moe_comm_method``."""
-    spec = cfg.speculative_config
-    return types.SimpleNamespace(
-        vllm_config=cfg, parallel_config=cfg.parallel_config, compilation_config=cfg.compilation_config,
-        max_num_reqs=cfg.scheduler_config.max_num_seqs,
-        uniform_decode_query_len=1 + (spec.num_speculative_tokens if spec else 0))
+def mc2_tokens_capacity(vllm_config: Any) -> int:
+    """vllm-ascend 0.11.x ``NPUModelRunner._init_mc2_tokens_capacity``: the largest step MC2 serves, a multiple of TP.
+
+    ``cudagraph_capture_sizes[0]`` when graphs are captured, else ``min(max_num_seqs * (1 + spec tokens), 512)``,
+    rounded up to a multiple of the tensor-parallel size.
+    """
+    sizes = vllm_config.compilation_config.cudagraph_capture_sizes
+    spec = vllm_config.speculative_config
+    if sizes:
+        max_num_tokens = sizes[0]
+    else:
+        max_num_tokens = min(vllm_config.scheduler_config.max_num_seqs * (1 + (spec.num_speculative_tokens if spec
+                                                                                else 0)), 512)
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    return (max_num_tokens + tp - 1) // tp * tp
 
 
 def select_moe_comm_type(vllm_config: Any, num_tokens: int, with_prefill: bool = True) -> Any:
     """The ``MoECommType`` vllm-ascend's model runner picks for a step of ``num_tokens`` (``None`` for a dense model).
 
-    0.11.x: the real ``NPUModelRunner._init_mc2_tokens_capacity`` and ``_select_moe_comm_method`` run on a namespace
-    holding the runner attributes they read. 0.13+: ``ascend_forward_context.select_moe_comm_method``.
+    0.13+: ``vllm_ascend.ascend_forward_context.select_moe_comm_method`` itself. 0.11.x: the rules of
+    ``NPUModelRunner._select_moe_comm_method`` (vllm_ascend/worker/model_runner_v1.py), restated here because importing
+    that module needs ``numba`` (vLLM's n-gram proposer), which the cell venvs do not install: no expert parallel ->
+    ALLGATHER; A2 -> MC2 if ``num_tokens <= mc2_tokens_capacity`` and ``world_size_across_dp >= 16``, else ALLTOALL
+    for ``moe_quantize == "w4a8_dynamic"``, else ALLGATHER; A3 -> MC2 up to the capacity, else ALLTOALL; then
+    ALLGATHER with a prefill becomes NAIVE_MULTICAST unless sequence parallelism is on; PanguProMoE -> ALLGATHER.
+
+    Raises:
+        ValueError: an SoC other than A2/A3 (as upstream).
     """
     import vllm_ascend.ascend_forward_context as afc
 
     if hasattr(afc, "select_moe_comm_method"):
         return afc.select_moe_comm_method(num_tokens, vllm_config)
-    from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
+    from vllm_ascend.utils import AscendSocVersion, enable_sp, get_ascend_soc_version, is_moe_model
 
-    view = _runner_view(vllm_config)
-    NPUModelRunner._init_mc2_tokens_capacity(view)
-    return NPUModelRunner._select_moe_comm_method(view, num_tokens, with_prefill)
+    MoECommType = afc.MoECommType
+    if not is_moe_model(vllm_config):
+        return None
+    hf = vllm_config.model_config.hf_config
+    soc = get_ascend_soc_version()
+    capacity = mc2_tokens_capacity(vllm_config)
+    if not vllm_config.parallel_config.enable_expert_parallel:
+        chosen = MoECommType.ALLGATHER
+    elif soc == AscendSocVersion.A2:
+        if num_tokens <= capacity and vllm_config.parallel_config.world_size_across_dp >= 16:
+            chosen = MoECommType.MC2
+        elif getattr(hf, "moe_quantize", None) == "w4a8_dynamic":
+            chosen = MoECommType.ALLTOALL
+        else:
+            chosen = MoECommType.ALLGATHER
+    elif soc == AscendSocVersion.A3:
+        chosen = MoECommType.MC2 if num_tokens <= capacity else MoECommType.ALLTOALL
+    else:
+        raise ValueError(f"Unsupported soc_version: {soc}")
+    if chosen == MoECommType.ALLGATHER and with_prefill and not enable_sp():
+        chosen = MoECommType.NAIVE_MULTICAST
+    if hf.model_type == "PanguProMoE":
+        chosen = MoECommType.ALLGATHER
+    return chosen
 
 
 @contextlib.contextmanager
@@ -216,13 +260,9 @@ def forward_context(vllm_config: Any, num_tokens: int, *, with_prefill: bool = T
         moe_comm_type = select_moe_comm_type(vllm_config, num_tokens, with_prefill)
     params = inspect.signature(set_ascend_forward_context).parameters
     kwargs: dict[str, Any] = {"num_tokens": num_tokens, "in_profile_run": in_profile_run}
-    if "moe_comm_type" in params:  # 0.11.x: the runner passes its choice and the MC2 mask buffer
-        view = _runner_view(vllm_config)
-        from vllm_ascend.worker.model_runner_v1 import NPUModelRunner
-
-        NPUModelRunner._init_mc2_tokens_capacity(view)
+    if "moe_comm_type" in params:  # 0.11.x: the runner passes its choice and its MC2 mask buffer
         kwargs.update(moe_comm_type=moe_comm_type, with_prefill=with_prefill,
-                      reserved_mc2_mask=torch.zeros(view.mc2_tokens_capacity, dtype=torch.bool),
+                      reserved_mc2_mask=torch.zeros(mc2_tokens_capacity(vllm_config), dtype=torch.bool),
                       num_actual_tokens=num_tokens)
     with set_ascend_forward_context(attn_metadata, vllm_config, **kwargs):
         ctx = get_forward_context()

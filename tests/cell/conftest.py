@@ -8,6 +8,7 @@ process-wide (``GPTOSS_PATCH_SIMULATE_NPU=1``) so that every child interpreter -
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -22,10 +23,23 @@ npu_sim.install()
 CELL = os.environ.get("GPTOSS_CELL")
 
 
+#: The calibration cell (vllm-ascend with native GPT-OSS) and its suite; the other tests here target patched releases.
+NATIVE_CELL = "0.15.0rc1"
+NATIVE_DIR = Path(__file__).resolve().parent / "native_015"
+
+
 def pytest_collection_modifyitems(config, items):
     if CELL is None:
         raise pytest.UsageError("tests/cell runs inside a matrix cell: use `nox -s cell-<release>` "
                                 "(GPTOSS_CELL is not set)")
+    # noxfile.CELLS[release]["tests"] chooses the paths per cell; a mix-up fails here instead of running (or
+    # skipping) another cell's suite.
+    native = {i.nodeid for i in items if Path(i.path).resolve().is_relative_to(NATIVE_DIR)}
+    wrong = [i.nodeid for i in items if (i.nodeid in native) != (CELL == NATIVE_CELL)]
+    if wrong:
+        where = "only tests/cell/native_015" if CELL == NATIVE_CELL else "tests/cell without native_015"
+        raise pytest.UsageError(f"cell {CELL} runs {where}; collected {len(wrong)} test(s) of another cell, "
+                                f"e.g. {wrong[0]}")
 
 
 @pytest.fixture(scope="session")

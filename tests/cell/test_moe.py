@@ -9,11 +9,12 @@ The oracle is transformers 4.57.1 ``GptOssMLP`` (router + experts) in float32 wi
 ``gate_up_proj [E, H, 2I]`` interleaved, ``gate_up_proj_bias [E, 2I]``, ``down_proj [E, I, H]``, ``down_proj_bias
 [E, H]``, router ``Linear(H, E)`` with bias). Error metric: ``max|out - ref| / max|ref|`` over the whole output.
 
-Tolerances: float32 ``1e-4`` (the issue's bound; measured ~1e-6). bfloat16: no worse than transformers' own GPT-OSS MLP
-run in bfloat16 on the same (bf16-valued) inputs, plus one bf16 rounding of the output (``2**-8 * max|ref|``): both
-are the same model in the same 8-bit-mantissa arithmetic, so the inherent bf16 noise of the model is the yardstick,
-whatever the weights' magnitudes; and a fixed cap of ``2**-5`` relative (~8 bf16 ulps of the largest output), which the
-unpatched path misses by far. Routing near-ties are excluded from bf16 cases: tokens whose 4th and 5th router logits
+Tolerances: float32 ``1e-4`` (the issue's bound; measured 3e-8 ... 2.2e-7: the simulated grouped matmul accumulates in
+float32 like the reference, only the summation order differs). bfloat16: no worse than transformers' own GPT-OSS MLP
+run in bfloat16 on the same (bf16-valued) inputs, plus one bf16 rounding of the output (``2**-8 * max|ref|``) - both
+are the same model in the same 8-bit-mantissa arithmetic, so the model's inherent bf16 noise is the yardstick whatever
+the weights' magnitudes (measured: ours 3.8e-3 ... 8.4e-3, transformers-bf16 6.2e-3 ... 1.6e-2) - and a fixed cap of
+``2**-5`` relative (~8 bf16 ulps of the largest output), which the unpatched path misses by far (> 0.3). Routing near-ties are excluded from bf16 cases: tokens whose 4th and 5th router logits
 are closer than 0.1 are redrawn, since there a bf16 and a float32 router legitimately pick different experts.
 """
 
@@ -215,7 +216,7 @@ def assert_bf16_close(out, w, x, ref32):
     """The bfloat16 criterion of the module docstring; returns (our error, transformers-bf16 error)."""
     ours = rel_err(out, ref32)
     hf16 = rel_err(reference(w, x, torch.bfloat16), ref32)
-    assert ours <= 2 * hf16 + 2 ** -8, f"bf16 error {ours:.3e} vs transformers bf16 {hf16:.3e}"
+    assert ours <= hf16 + 2 ** -8, f"bf16 error {ours:.3e} vs transformers bf16 {hf16:.3e}"
     assert ours <= BF16_CAP, f"bf16 error {ours:.3e} > {BF16_CAP}"
     return ours, hf16
 
@@ -320,6 +321,56 @@ def test_bfloat16_within_stated_tolerance(configs, num_experts, num_tokens):
     assert_bf16_close(out, w, x, reference(w, x))
 
 
+@pytest.fixture(scope="session")
+def loaded(ckpt, configs):
+    """``loaded(name)`` -> the whole tiny model of ``configs(name)`` built and loaded by vLLM's own loader (cached)."""
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            cfg = configs(name)
+            with vllm_setup.ascend_context(vllm_config=cfg):
+                cache[name] = vllm_setup.load_model(cfg)
+        return cache[name]
+
+    return get
+
+
+def weights_of(hf_block):
+    """:class:`Weights` of a transformers ``GptOssMLP`` (float32)."""
+    r, e = hf_block.router, hf_block.experts
+    return Weights(*(t.detach().float().clone() for t in (r.weight, r.bias, e.gate_up_proj, e.gate_up_proj_bias,
+                                                           e.down_proj, e.down_proj_bias)))
+
+
+@pytest.mark.parametrize("name", ["fp32", "bf16"])
+def test_model_loaded_by_vllm_matches_transformers(ckpt, configs, loaded, name):
+    """The real path end to end: vLLM's ``GptOssForCausalLM`` (MLPBlock: router Linear + FusedMoE) built and loaded by
+    vLLM 0.11.0's loader from the checkpoint (``_load_weights_other``: interleaved w13, biases), every layer's MLP
+    against transformers' ``GptOssForCausalLM`` loaded from the same files."""
+    from transformers import GptOssForCausalLM
+    from vllm_ascend.ops.moe.moe_comm_method import setup_moe_comm_method
+
+    cfg = configs(name)
+    dtype = torch.float32 if name == "fp32" else torch.bfloat16
+    model = loaded(name)
+    hf = GptOssForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
+    for i, block in enumerate(model.model.layers):
+        mlp = block.mlp
+        assert type(mlp.experts).__name__ == "AscendFusedMoE" and mlp.experts.w13_weight.dtype == dtype
+        w = weights_of(hf.model.layers[i].mlp)
+        x = make_tokens(w, 300, seed=90 + i, dtype=dtype, min_gap=0.1 if dtype == torch.bfloat16 else 0.0)
+        with vllm_setup.ascend_context(vllm_config=cfg), torch.no_grad():
+            setup_moe_comm_method(mlp.experts.moe_config)
+            with vllm_setup.forward_context(cfg, x.shape[0]):
+                out = mlp(x.to(dtype))
+        ref = reference(w, x)
+        if dtype == torch.float32:
+            assert rel_err(out, ref) <= FP32_TOL
+        else:
+            assert_bf16_close(out, w, x, ref)
+
+
 def test_unpatched_upstream_is_wrong_for_gptoss(configs, upstream_moe):
     """The bug this patch fixes, reproduced on the same layer: upstream drops the biases and runs npu_swiglu."""
     cfg = configs("fp32")
@@ -332,21 +383,20 @@ def test_experts_that_receive_no_token(configs):
     # 128 experts, 32 of which (including the first and the last) are never routed to: zero-row groups at both ends
     dead = [0, 1, 2, 63, 64, 127] + list(range(100, 126))
     w = make_weights(128, H_SMALL, I_SMALL, seed=11, dead_experts=dead)
-    x = make_tokens(w, 512, seed=12)
-    _, ids = hf_mlp(w).router(x)
-    counts = torch.bincount(ids.flatten(), minlength=128)
-    assert (counts[dead] == 0).all() and (counts > 0).sum() >= 64
-    for name in ("fp32", "bf16"):
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         cfg = configs(name)
-        dtype = torch.float32 if name == "fp32" else torch.bfloat16
         wd = w.rounded(dtype)
-        out = run_layer(cfg, build_layer(cfg, wd, dtype), wd, x.to(dtype).float())
+        x = make_tokens(wd, 512, seed=12, dtype=dtype, min_gap=0.1 if dtype == torch.bfloat16 else 0.0)
+        _, ids = hf_mlp(wd).router(x)
+        counts = torch.bincount(ids.flatten(), minlength=128)
+        assert (counts[dead] == 0).all() and (counts > 0).sum() >= 64
+        out = run_layer(cfg, build_layer(cfg, wd, dtype), wd, x)
         assert torch.isfinite(out.float()).all()
-        ref = reference(wd, x.to(dtype).float())
+        ref = reference(wd, x)
         if dtype == torch.float32:
             assert rel_err(out, ref) <= FP32_TOL
         else:
-            assert rel_err(out, ref) <= BF16_CAP
+            assert_bf16_close(out, wd, x, ref)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
@@ -390,13 +440,13 @@ def test_nz_weights_at_120b_rank_dims_fail_the_gmm_alignment_rule(configs):
 def test_string_and_enum_activation_give_the_same_result(configs):
     cfg = configs("bf16")
     w = make_weights(32, H_SMALL, I_SMALL, seed=21).rounded(torch.bfloat16)
-    x = make_tokens(w, 96, seed=22, dtype=torch.bfloat16)
+    x = make_tokens(w, 96, seed=22, dtype=torch.bfloat16, min_gap=0.1)
     layer = build_layer(cfg, w, torch.bfloat16)
     as_string = run_layer(cfg, layer, w, x)
     layer.activation = MoEActivation.SWIGLUOAI  # what AscendFusedMoE.forward_impl passes on vLLM >= 0.17
     as_enum = run_layer(cfg, layer, w, x)
     assert torch.equal(as_string, as_enum)
-    assert rel_err(as_enum, reference(w, x)) <= BF16_CAP
+    assert_bf16_close(as_enum, w, x, reference(w, x))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

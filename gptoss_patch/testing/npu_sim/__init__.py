@@ -24,6 +24,7 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 import threading
 import types
@@ -96,11 +97,13 @@ def _build_modules() -> dict[str, types.ModuleType]:
     return mods
 
 
-def install(force: bool = False) -> types.ModuleType:
+def install(force: bool = False, children: bool = True) -> types.ModuleType:
     """Install the simulated ``torch_npu`` and ``torchair`` into this interpreter; idempotent.
 
     Args:
         force: install even when a real ``torch_npu`` is importable (it is then shadowed).
+        children: also set ``GPTOSS_PATCH_SIMULATE_NPU=1`` so child interpreters started from here
+            (vLLM's model-registry inspection, spawned workers) get the simulator through the ``.pth``.
 
     Returns:
         The simulated ``torch_npu`` module.
@@ -111,6 +114,8 @@ def install(force: bool = False) -> types.ModuleType:
     """
     global _installed
     with _lock:
+        if children:
+            os.environ["GPTOSS_PATCH_SIMULATE_NPU"] = "1"
         if _installed:
             return sys.modules["torch_npu"]
         existing = sys.modules.get("torch_npu")

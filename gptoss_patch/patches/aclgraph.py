@@ -1,0 +1,453 @@
+"""ACL graph: capture GPT-OSS decode attention as an updatable task and re-issue it with each step's lengths.
+
+Why
+    Graph mode is where decode speed is (vllm-ascend PR #4467: TPOT 79 ms eager -> 20 ms PIECEWISE). In
+    FULL_DECODE_ONLY mode vllm-ascend 0.11.x captures the whole decode forward once per capture size; the decode
+    attention's host parameters (sequence lengths) are rewritten before every replay by
+    ``vllm_ascend.compilation.acl_graph.update_attn_params``, which knows only the plain ``_npu_paged_attention``
+    record (no sinks, no window; upstream_targets.md §3.2). GPT-OSS layers run our fused operator
+    (:mod:`gptoss_patch.patches.attention`), whose lengths are read on the host at launch: captured without a task
+    group they would be frozen at capture time and every replay would attend the wrong keys - exactly what
+    upstream's own sliding-window decode does in 0.11.0 (``_forward_decode_only`` launches a BSH
+    ``npu_fused_infer_attention_score`` during capture outside any task group; its ``actual_seq_lengths_kv`` stay
+    those of the capture; shown by ``tests/unit/test_sim_graph.py``).
+How
+    *Capture* (:func:`capture_decode`, called by ``sink_window_forward`` when ``forward_context.capturing`` and the
+    current stream is capturing): upstream's protocol - ``ExternalEvent`` wait + reset on the capture stream,
+    ``graph_task_group_begin``, ONE ``.out`` launch of the fused operator
+    (:func:`gptoss_patch.kernels.attention.fused_attention_out`: v2 with ``learnable_sink``, or v1 with
+    ``softmax_lse_flag`` whose :func:`~gptoss_patch.kernels.attention.sink_rescale_` follows outside the group),
+    ``graph_task_group_end`` - into the captured output buffer, with a preallocated LSE and a workspace from
+    ``_npu_fused_infer_attention_score(_v2)_get_max_workspace`` cached per capture size (and geometry). Padded
+    decode batches are covered row for row (:func:`~gptoss_patch.kernels.attention.decode_launch_lengths`). A typed
+    :class:`GptOssAttnParams` is appended to ``get_graph_params().attn_params[size]`` beside upstream's tuples, with
+    its event and handle at the same positions of ``events[size]`` / ``handles[size]``. Upstream's own paged-attention
+    records of plain layers are tagged with their layer name (:class:`UpstreamAttnParams`, still a 9-tuple) by
+    :func:`run_naming_upstream_records`, which the forward patch wraps around upstream's forward.
+
+    *Update* (``aclgraph.update_attn_params`` wraps ``update_attn_params``; also rebound in
+    ``vllm_ascend.worker.model_runner_v1``, which imported it by value - upstream_targets.md §3.5): without GPT-OSS
+    records the call goes to upstream unchanged. Otherwise every record is paired with its layer's metadata **by
+    layer name** - upstream zips ``forward_context.attn_metadata`` keys with ``attn_params`` by position, which with
+    GPT-OSS's alternating layers and our records beside upstream's would pair layers and records wrongly. Upstream's
+    records are handed to upstream's code with a view holding only them (``GraphParams`` swapped for the call) and a
+    forward context whose ``attn_metadata`` lists exactly their layers in their order; ours are re-issued on the
+    update stream between ``graph_task_update_begin/end`` with the step's lengths, then their event is recorded.
+    An update that cannot be made raises :class:`AclGraphUpdateError` naming the layer and capture size and saying
+    how to run PIECEWISE or eager; the event stays unrecorded, so the replay never runs stale lengths silently.
+Upstream releases
+    vllm-ascend 0.11.0rc1 ... 0.11.0 (layout B; ``update_attn_params(update_stream, forward_context, runtime_shape[,
+    kv_transfer_config])``). 0.12.0rc1 - 0.13.0 change the update signature and split PA/FIA updaters; 0.14.0rc1+
+    dispatch to ``AscendAttentionBackendImpl.update_graph_params`` (need their own layout rows).
+Remove when
+    the oldest supported vllm-ascend captures sink/window attention itself (commit 8da8e0e6db, PR #9165, first in
+    v0.20.2rc1), or gptoss-patch drops FULL_DECODE_ONLY support.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from gptoss_patch.registry import MARKER, PatchSpec
+
+PATCH_NAME = "aclgraph.update_attn_params"
+
+#: How to get out of full-graph mode (in every capture / update error).
+HOW_TO_AVOID = ("run PIECEWISE (--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}') or eager "
+                "(--enforce-eager) instead of FULL_DECODE_ONLY")
+
+_swap_lock = threading.Lock()
+
+
+class AclGraphUpdateError(RuntimeError):
+    """The captured attention of one layer could not be updated for this step (its replay would be stale).
+
+    Attributes:
+        layer_name: the attention layer (``model.layers.N.self_attn.attn``).
+        capture_size: the graph's capture size (``runtime_shape``).
+    """
+
+    def __init__(self, layer_name: str | None, capture_size: int, what: str):
+        self.layer_name, self.capture_size = layer_name, capture_size
+        super().__init__(
+            f"gptoss-patch: ACL graph update failed for attention layer {layer_name!r} at capture size "
+            f"{capture_size}: {what}. The captured attention would replay with stale sequence lengths, so the step "
+            f"stops here; {HOW_TO_AVOID}.")
+
+
+class AclGraphCaptureError(RuntimeError):
+    """A GPT-OSS attention layer cannot be captured as an updatable task (FULL_DECODE_ONLY)."""
+
+    def __init__(self, layer_name: str | None, capture_size: int, what: str):
+        self.layer_name, self.capture_size = layer_name, capture_size
+        super().__init__(
+            f"gptoss-patch: cannot capture GPT-OSS attention layer {layer_name!r} in a full ACL graph at capture "
+            f"size {capture_size}: {what}; {HOW_TO_AVOID}.")
+
+
+@dataclass(eq=False)
+class GptOssAttnParams:
+    """What one captured GPT-OSS attention launch needs to be re-issued (one per layer and capture size).
+
+    Tensors are those of the capture (the graph reads them at fixed addresses); the update passes the same ones.
+
+    Attributes:
+        layer_name: vLLM attention layer name (key of ``forward_context.attn_metadata``).
+        capture_size: T, rows of the launch (``runtime_shape``).
+        path: ``"v2"`` (``npu_fused_infer_attention_score_v2.out`` with ``learnable_sink``) or ``"lse"``
+            (``npu_fused_infer_attention_score.out``; with sinks, ``softmax_lse`` + ``sink_rescale_`` after the group).
+        query: ``(T, N, D)`` captured query.
+        key_cache / value_cache: ``(num_blocks, block_size, KV_N*D)`` views of the layer's paged caches.
+        block_table: ``(T, max_blocks)`` int32 - the capture's tensor, a view of the model runner's persistent block
+            table (``input_batch.block_table``), updated in place every step (as upstream's paged records).
+        query_cu_lens / seq_lens: host lists the graph currently holds (capture, then each update).
+        sinks: ``(N,)`` sink logits (the model's parameter) or None; sliding_window: 128 or None.
+        scale: softmax scale; num_heads / num_kv_heads: N, KV_N on this rank.
+        output: ``(T, N, D)`` captured output buffer (what vLLM reads after the layer).
+        softmax_lse: float32 ``(T, N, 1)`` on the ``lse`` path with sinks, else a ``(1,)`` placeholder.
+        workspace: from ``_npu_fused_infer_attention_score(_v2)_get_max_workspace`` (shared per size/geometry).
+    """
+
+    layer_name: str
+    capture_size: int
+    path: str
+    query: Any
+    key_cache: Any
+    value_cache: Any
+    block_table: Any
+    query_cu_lens: list[int]
+    seq_lens: list[int]
+    sinks: Any
+    sliding_window: int | None
+    scale: float
+    num_heads: int
+    num_kv_heads: int
+    output: Any
+    softmax_lse: Any
+    workspace: Any
+    updates: int = field(default=0)
+
+
+class UpstreamAttnParams(tuple):
+    """Upstream's paged-attention record ``(query, key_cache, value_cache, num_kv_heads, num_heads, scale,
+    block_table, seq_lens, output)`` with the ``layer_name`` that produced it. Unpacks exactly like the tuple."""
+
+    layer_name: str
+
+    def __new__(cls, items: tuple, layer_name: str) -> "UpstreamAttnParams":
+        self = super().__new__(cls, items)
+        self.layer_name = layer_name
+        return self
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# helpers
+
+
+def _forward_context() -> Any:
+    """vLLM's current forward context, or None outside one (vLLM 0.11 has no ``is_forward_context_available``)."""
+    from vllm import forward_context
+
+    return forward_context._forward_context
+
+
+def _acl_graph() -> Any:
+    from vllm_ascend.compilation import acl_graph
+
+    return acl_graph
+
+
+def capturing() -> bool:
+    """True when the current attention call is being captured into a full graph.
+
+    ``forward_context.capturing`` (set by ``ACLGraphWrapper`` before a capture) *and* the current stream capturing:
+    in PIECEWISE mode the wrapper leaves the flag set while attention runs eagerly between captured pieces.
+    """
+    fc = _forward_context()
+    if fc is None or not getattr(fc, "capturing", False):
+        return False
+    import torch
+
+    return bool(torch.npu.is_current_stream_capturing())
+
+
+def _weak(t: Any) -> Any:
+    """``vllm_ascend.utils.weak_ref_tensor`` as upstream stores its records, when the compiled op exists."""
+    import torch
+
+    try:
+        op = torch.ops._C_ascend.weak_ref_tensor
+    except (AttributeError, RuntimeError):
+        return t  # e.g. the CPU simulator: a strong reference (more memory held, same addresses)
+    return op(t)
+
+
+def _check_update_patched(layer_name: str, size: int) -> None:
+    """Refuse to capture a record nobody would update (the patch off, or the model runner's by-value name stale)."""
+    acl_graph = _acl_graph()
+    if getattr(acl_graph.update_attn_params, MARKER, None) != PATCH_NAME:
+        raise AclGraphCaptureError(layer_name, size, f"the patch {PATCH_NAME} is not applied, so the captured "
+                                                     "lengths would never be updated")
+    runner = sys.modules.get("vllm_ascend.worker.model_runner_v1")
+    if runner is not None and getattr(runner, "update_attn_params", None) is not acl_graph.update_attn_params:
+        raise AclGraphCaptureError(layer_name, size, "vllm_ascend.worker.model_runner_v1.update_attn_params is not "
+                                                     "the patched function (rebinding failed)")
+
+
+def _workspace(gp: Any, key: tuple, make: Callable[[], Any]) -> Any:
+    """Workspace cache on the GraphParams object, per capture size and launch geometry.
+
+    Not ``gp.workspaces``: upstream's paged-attention capture reuses ``workspaces[num_tokens]`` for its own
+    ``_npu_paged_attention`` (sized by ``_npu_paged_attention_get_workspace``), a different operator.
+    """
+    cache = gp.__dict__.setdefault("_gptoss_workspaces", {})
+    ws = cache.get(key)
+    if ws is None:
+        ws = cache[key] = make()
+    return ws
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# capture
+
+
+def capture_decode(impl: Any, layer: Any, query: Any, output: Any, attn_metadata: Any) -> Any:
+    """Capture one GPT-OSS decode attention as an updatable task; record it in ``get_graph_params()``.
+
+    Called by :func:`gptoss_patch.patches.attention.sink_window_forward` (after the KV-cache write) when
+    :func:`capturing`. Writes into ``output``.
+
+    Args:
+        impl: the ``AscendAttentionBackendImpl`` (``sinks``, ``sliding_window``, ``key_cache`` ..., set).
+        layer: vLLM's ``Attention`` layer (its ``layer_name`` keys the record).
+        query: ``(T, N, D)``, T = the capture size; output: ``(T, N, D)`` buffer.
+        attn_metadata: the layer's ``AscendMetadata`` (DecodeOnly, built by ``build_for_graph_capture``).
+
+    Returns:
+        ``output``.
+
+    Raises:
+        AclGraphCaptureError: not a DecodeOnly batch, no graph params for size T (``set_graph_params`` not called),
+            a block table whose rows do not match the launch, or the update patch not active.
+        SinkAttentionUnavailable: no updatable operator path (see ``kernels.attention.graph_path``).
+    """
+    import torch
+    import torch_npu
+    from vllm_ascend.attention.attention_v1 import AscendAttentionState
+
+    from gptoss_patch.kernels import attention as kernels
+
+    name = getattr(layer, "layer_name", None)
+    size = int(query.shape[0])
+    if attn_metadata.attn_state != AscendAttentionState.DecodeOnly:
+        raise AclGraphCaptureError(name, size, f"attention state {attn_metadata.attn_state.name}: only DecodeOnly "
+                                               "batches are captured with updatable lengths")
+    gp = _acl_graph().get_graph_params()
+    if gp is None or size not in gp.attn_params:
+        raise AclGraphCaptureError(name, size, "no graph parameters for this size (set_graph_params was not called "
+                                               "with it)")
+    if not name:
+        raise AclGraphCaptureError(name, size, "the attention layer has no layer_name to pair its record with")
+    _check_update_patched(name, size)
+    sinks = impl.sinks
+    path = kernels.graph_path(sinks is not None)
+    q_cu, kv = kernels.decode_launch_lengths(attn_metadata.actual_seq_lengths_q, attn_metadata.seq_lens_list,
+                                             attn_metadata.num_actual_tokens, size)
+    block_table = attn_metadata.block_tables
+    if block_table.shape[0] != len(q_cu):
+        raise AclGraphCaptureError(name, size, f"block table has {block_table.shape[0]} rows for {len(q_cu)} "
+                                               "sequences")
+    key, value, block_size = kernels.paged_views(impl.key_cache, impl.value_cache)
+    n, kvn, d = impl.num_heads, impl.num_kv_heads, impl.head_size
+    if path == kernels.LSE and sinks is not None:
+        lse = torch.empty(size, n, 1, dtype=torch.float32, device=query.device)
+    else:
+        lse = torch.empty(1, dtype=torch.float32, device=query.device)
+    geometry = dict(block_table=block_table, query_cu_lens=q_cu, kv_lens=kv, num_heads=n, num_kv_heads=kvn,
+                    scale=impl.scale, sinks=sinks, sliding_window=impl.sliding_window)
+    ws_key = (size, path, n, kvn, d, query.dtype, block_size, impl.sliding_window is not None, sinks is not None)
+    workspace = _workspace(gp, ws_key, lambda: kernels.max_workspace(path, query, key, value, **geometry))
+
+    stream = torch_npu.npu.current_stream()
+    event = torch.npu.ExternalEvent()
+    event.wait(stream)
+    event.reset(stream)
+    torch.npu.graph_task_group_begin(stream)
+    kernels.fused_attention_out(path, query, key, value, out=output, softmax_lse=lse, workspace=workspace,
+                                **geometry)
+    handle = torch.npu.graph_task_group_end(stream)
+    if path == kernels.LSE and sinks is not None:
+        kernels.sink_rescale_(output, lse, sinks)
+    record = GptOssAttnParams(
+        layer_name=name, capture_size=size, path=path, query=_weak(query), key_cache=_weak(key),
+        value_cache=_weak(value), block_table=block_table, query_cu_lens=q_cu, seq_lens=kv, sinks=sinks,
+        sliding_window=impl.sliding_window, scale=impl.scale, num_heads=n, num_kv_heads=kvn, output=_weak(output),
+        softmax_lse=lse, workspace=workspace)
+    gp.events[size].append(event)
+    gp.attn_params[size].append(record)
+    gp.handles[size].append(handle)
+    return output
+
+
+def run_naming_upstream_records(layer: Any, call: Callable[[], Any]) -> Any:
+    """Run upstream's forward (``call``) for a plain layer; name any paged-attention record it captured.
+
+    Outside a full-graph capture this is just ``call()``. During one, a tuple upstream appended to
+    ``get_graph_params().attn_params[size]`` becomes an :class:`UpstreamAttnParams` carrying ``layer.layer_name``,
+    so the update can pair it with its own layer's metadata.
+    """
+    fc = _forward_context()
+    if fc is None or not getattr(fc, "capturing", False):
+        return call()
+    gp = _acl_graph().get_graph_params()
+    if gp is None:
+        return call()
+    before = {size: len(lst) for size, lst in gp.attn_params.items()}
+    result = call()
+    name = getattr(layer, "layer_name", None)
+    if name:
+        for size, lst in gp.attn_params.items():
+            for i in range(before.get(size, 0), len(lst)):
+                if type(lst[i]) is tuple:
+                    lst[i] = UpstreamAttnParams(lst[i], name)
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# update
+
+
+def _split_update_args(args: tuple, kwargs: dict) -> tuple[list, tuple, dict]:
+    names = ("update_stream", "forward_context", "runtime_shape")
+    head = list(args[:3])
+    rest = tuple(args[3:])
+    kw = dict(kwargs)
+    for name in names[len(head):]:
+        head.append(kw.pop(name))
+    return head, rest, kw
+
+
+def _launch_lengths(rec: GptOssAttnParams, metadata: Any, size: int, cache: dict) -> tuple[list[int], list[int]]:
+    """The step's lengths for ``rec`` from its own layer's metadata (host lists only; raises the named error)."""
+    from gptoss_patch.kernels import attention as kernels
+
+    if not isinstance(metadata, dict):
+        raise AclGraphUpdateError(rec.layer_name, size, f"forward_context.attn_metadata is "
+                                                        f"{type(metadata).__name__}, not a per-layer dict")
+    meta = metadata.get(rec.layer_name)
+    if meta is None:
+        raise AclGraphUpdateError(rec.layer_name, size, "forward_context.attn_metadata has no entry for this layer")
+    hit = cache.get(id(meta))
+    if hit is None:
+        try:
+            hit = kernels.decode_launch_lengths(meta.actual_seq_lengths_q, meta.seq_lens_list, meta.num_actual_tokens,
+                                                size)
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise AclGraphUpdateError(rec.layer_name, size, f"unusable metadata ({exc})") from exc
+        cache[id(meta)] = hit
+    q_cu, kv = hit
+    rows, width = rec.block_table.shape[0], rec.block_table.shape[1]
+    block_size = rec.key_cache.shape[1]
+    if len(q_cu) != rows:
+        raise AclGraphUpdateError(rec.layer_name, size, f"{len(q_cu)} sequences for the {rows} block-table rows "
+                                                        "captured")
+    if kv and max(kv) > width * block_size:
+        raise AclGraphUpdateError(rec.layer_name, size, f"a sequence of {max(kv)} tokens exceeds the captured block "
+                                                        f"table ({width} blocks of {block_size})")
+    return hit
+
+
+def _update_upstream(wrapped: Callable[..., Any], head: list, rest: tuple, kw: dict, theirs: list, ours_names: set,
+                     gp: Any) -> None:
+    """Let upstream's ``update_attn_params`` update its own records, each paired with its own layer's metadata."""
+    update_stream, forward_context, size = head
+    metadata = forward_context.attn_metadata
+    names = [getattr(p, "layer_name", None) for p, _, _ in theirs]
+    if any(n is None for n in names):
+        # records captured without our naming (not through the patched forward): upstream's positional rule,
+        # restricted to the layers that are not ours
+        names = [k for k in metadata if k not in ours_names][:len(theirs)]
+    if len(names) != len(theirs) or len(set(names)) != len(names) or any(n not in metadata for n in names):
+        raise AclGraphUpdateError(None, size, f"cannot pair upstream's {len(theirs)} paged-attention records with "
+                                              f"the step's layers (found {names})")
+    view = _acl_graph().GraphParams(events={size: [e for _, _, e in theirs]}, workspaces=gp.workspaces,
+                                    handles={size: [h for _, h, _ in theirs]},
+                                    attn_params={size: [p for p, _, _ in theirs]})
+    fc_view = copy.copy(forward_context)
+    fc_view.attn_metadata = {n: metadata[n] for n in names}
+    acl_graph = _acl_graph()
+    with _swap_lock:
+        saved = acl_graph._graph_params
+        acl_graph._graph_params = view
+        try:
+            wrapped(update_stream, fc_view, size, *rest, **kw)
+        finally:
+            acl_graph._graph_params = saved
+
+
+def _update_attn_params(wrapped, instance, args, kwargs):
+    """wrapt wrapper for ``acl_graph.update_attn_params(update_stream, forward_context, runtime_shape[,
+    kv_transfer_config])`` (0.11.x): our records by layer name, upstream's by upstream (see the module docstring).
+
+    Host work only for our records: a dictionary lookup, the lengths of each distinct metadata object, one
+    re-issued launch and one event record per layer; no tensor is allocated or read.
+
+    Raises:
+        AclGraphUpdateError: a GPT-OSS record could not be updated (names layer and capture size).
+    """
+    head, rest, kw = _split_update_args(args, kwargs)
+    update_stream, forward_context, size = head
+    gp = _acl_graph().get_graph_params()
+    params = gp.attn_params.get(size) if gp is not None else None
+    if not params or not any(type(p) is GptOssAttnParams for p in params):
+        return wrapped(*args, **kwargs)
+    import torch
+
+    from gptoss_patch.kernels import attention as kernels
+
+    handles, events = gp.handles[size], gp.events[size]
+    if not len(params) == len(handles) == len(events):
+        raise AclGraphUpdateError(None, size, f"graph parameters are inconsistent: {len(params)} records, "
+                                              f"{len(handles)} handles, {len(events)} events")
+    ours, theirs = [], []
+    for entry in zip(params, handles, events):
+        (ours if type(entry[0]) is GptOssAttnParams else theirs).append(entry)
+    cache: dict = {}
+    launches = [_launch_lengths(rec, forward_context.attn_metadata, size, cache) for rec, _, _ in ours]
+    if theirs:
+        _update_upstream(wrapped, head, rest, kw, theirs, {rec.layer_name for rec, _, _ in ours}, gp)
+    with torch.npu.stream(update_stream):
+        for (rec, handle, event), (q_cu, kv) in zip(ours, launches):
+            try:
+                torch.npu.graph_task_update_begin(update_stream, handle)
+                kernels.fused_attention_out(
+                    rec.path, rec.query, rec.key_cache, rec.value_cache, block_table=rec.block_table,
+                    query_cu_lens=q_cu, kv_lens=kv, num_heads=rec.num_heads, num_kv_heads=rec.num_kv_heads,
+                    scale=rec.scale, sinks=rec.sinks, sliding_window=rec.sliding_window, out=rec.output,
+                    softmax_lse=rec.softmax_lse, workspace=rec.workspace)
+                torch.npu.graph_task_update_end(update_stream)
+                event.record(update_stream)
+            except AclGraphUpdateError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any failure here leaves the replay stale: name it
+                raise AclGraphUpdateError(rec.layer_name, size, f"{type(exc).__name__}: {exc}") from exc
+            rec.query_cu_lens, rec.seq_lens = q_cu, kv
+            rec.updates += 1
+    return None
+
+
+PATCHES = [
+    PatchSpec(
+        name=PATCH_NAME,
+        target_key="aclgraph_update_attn_params",
+        wrapper=_update_attn_params,
+        params=("update_stream", "forward_context", "runtime_shape"),
+        rebind_keys=("model_runner_module",),
+        summary="FULL_DECODE_ONLY graphs re-issue GPT-OSS sink/window attention with each step's lengths, records "
+                "paired with layers by name",
+    ),
+]

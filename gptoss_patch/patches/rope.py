@@ -1,0 +1,84 @@
+"""Rope: honour GPT-OSS's YaRN ``truncate: false`` in vllm-ascend's YaRN rotary embedding.
+
+Why
+    GPT-OSS sets ``rope_scaling.truncate = false`` (the reference model does not round the YaRN
+    correction range; :mod:`gptoss_patch.kernels.rope`). vLLM 0.11 always rounds, so the rotary
+    cos/sin of every GPT-OSS layer differ from the model's by up to ~0.06 (measured on head_dim 64),
+    enough to change greedy tokens. vLLM >= 0.12 passes ``truncate=`` to the rotary class, but
+    vllm-ascend's ``AscendYaRNRotaryEmbedding.__init__`` (registered out-of-tree for
+    ``YaRNScalingRotaryEmbedding``) has no such parameter until 0.15.0rc1, so model construction
+    fails with an unexpected keyword (upstream_targets.md §3.4, §5.1).
+How
+    A wrapt wrapper around ``AscendYaRNRotaryEmbedding.__init__`` pops ``truncate`` (vLLM >= 0.12);
+    on vLLM 0.11, which does not pass it, it reads ``rope_scaling.truncate`` of a ``gpt_oss`` model
+    from the current vLLM config (other models: unchanged). When ``truncate`` is False it recomputes
+    the ``cos_sin_cache`` buffer with the unrounded correction range, same dtype and device.
+Upstream releases
+    vllm-ascend 0.11.0rc1 ... 0.14.0rc1. 0.15.0rc1 accepts ``truncate`` but documents that the real
+    truncate behaviour is "currently not supported" (upstream_targets.md §7.2).
+Remove when
+    vllm-ascend's YaRN class honours ``truncate`` and the oldest supported release has it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gptoss_patch.registry import PatchSpec
+
+
+def _truncate_from_model_config() -> bool | None:
+    """``rope_scaling.truncate`` of the GPT-OSS model being built, or None (not GPT-OSS / not set)."""
+    try:
+        from vllm.config import get_current_vllm_config
+
+        hf = get_current_vllm_config().model_config.hf_config
+    except Exception:  # noqa: BLE001 - no current config: leave upstream's behaviour
+        return None
+    if getattr(hf, "model_type", None) != "gpt_oss":
+        return None
+    scaling = getattr(hf, "rope_scaling", None) or {}
+    value = scaling.get("truncate")
+    return None if value is None else bool(value)
+
+
+def recompute_untruncated(rope: Any) -> None:
+    """Replace ``rope.cos_sin_cache`` ``[max_pos, rotary_dim]`` by the ``truncate=False`` YaRN cache (in place)."""
+    import torch
+
+    from gptoss_patch.kernels.rope import yarn_inv_freq
+
+    inv = yarn_inv_freq(base=rope.base, rotary_dim=rope.rotary_dim, scaling_factor=rope.scaling_factor,
+                        beta_fast=rope.beta_fast, beta_slow=rope.beta_slow,
+                        max_position_embeddings=rope.max_position_embeddings,
+                        extrapolation_factor=rope.extrapolation_factor, truncate=False)
+    t = torch.arange(rope.max_position_embeddings * rope.scaling_factor, dtype=torch.float32)
+    freqs = torch.einsum("i,j -> ij", t, inv)
+    cache = torch.cat((freqs.cos() * rope.mscale, freqs.sin() * rope.mscale), dim=-1)
+    old = rope.cos_sin_cache
+    rope.cos_sin_cache = cache.to(dtype=old.dtype, device=old.device)
+
+
+def _yarn_init(wrapped, instance, args, kwargs):
+    """wrapt wrapper for ``AscendYaRNRotaryEmbedding.__init__``: accept and honour ``truncate``."""
+    truncate = kwargs.pop("truncate", None)
+    result = wrapped(*args, **kwargs)
+    if truncate is None:
+        truncate = _truncate_from_model_config()
+    instance.truncate = True if truncate is None else truncate
+    if truncate is False:
+        recompute_untruncated(instance)
+    return result
+
+
+PATCHES = [
+    PatchSpec(
+        name="rope.yarn_truncate",
+        target_key="yarn_rope_init",
+        wrapper=_yarn_init,
+        params=("head_size", "rotary_dim", "max_position_embeddings", "base", "is_neox_style", "scaling_factor",
+                "dtype", "beta_fast", "beta_slow"),
+        absent_params=("truncate",),
+        summary="AscendYaRNRotaryEmbedding honours GPT-OSS's rope_scaling.truncate=false",
+    ),
+]

@@ -1,0 +1,216 @@
+"""The main job: real harmony chat prompts through vLLM's GPT-OSS on patched vllm-ascend, against transformers.
+
+``python -m gptoss_patch.testing.main_job [--workdir DIR] [--steps 32] [--json]`` (run on the NPU
+simulator, in a matrix-cell environment) writes a deterministic tiny GPT-OSS checkpoint with real
+tokenizer files, renders >= 4 harmony conversations (system with a reasoning-effort line, developer
+instructions, user question; 200-400 tokens; a shared prefix longer than one 128-token KV block),
+runs them through :class:`gptoss_patch.testing.runner.SimulatedGptOss` (chunked prefill, prefix
+reuse, greedy decode) and through transformers' ``GptOssForCausalLM`` in float32 (teacher-forced on
+the reference tokens), and reports per conversation: tokens matched / compared and the max logit
+difference. Exit 0 only when every token matches.
+
+Token comparison: the vLLM model runs in bfloat16 like a deployment; the reference in float32. Each
+vLLM step is fed the reference's previous tokens (teacher forcing, as the runner emits the argmax and
+we compare it with the reference's argmax at the same prefix), so one near-tie cannot cascade into
+a different continuation. Logit tolerance: see :data:`LOGIT_TOLERANCE`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Max |logit_vllm − logit_reference| accepted, per model dtype. The main job runs vLLM in float32 (the
+#: simulator accepts float32 as a documented extension; the real fused operators take fp16/bf16), so the
+#: comparison with the float32 reference isolates the *logic* of every patched path: measured hidden-state
+#: differences are ~2e-5 after 4 layers (float32 summation order differs), logits of magnitude ~20 differ by
+#: < 1e-4; 1e-3 leaves a 10x margin while any missing sink, window, bias or rope detail shifts logits by
+#: O(0.1-10) (measured: the unpatched YaRN truncate alone gave 8.5). In bfloat16 (the deployment dtype)
+#: transformers' own bf16 run deviates from its float32 run by up to 1.4 on these logits (measured), so
+#: bf16 greedy tokens cannot be expected to match near ties; the bf16 mode is reported, with tolerance 3.0.
+LOGIT_TOLERANCE = {"float32": 1e-3, "bfloat16": 3.0}
+
+
+SHARED_DEVELOPER = (
+    "You are the support assistant of an observatory that lends telescopes to schools. Always answer "
+    "in plain English, keep answers short, and never invent opening hours, prices or telescope models "
+    "that are not listed here. Opening hours: Tuesday to Saturday, 10:00 to 18:00; night sessions on "
+    "Fridays from 20:00 to 23:30 when the sky is clear. Lending: schools may borrow one refractor "
+    "(70 mm) or one reflector (130 mm) for two weeks; a teacher must sign the form; lenses are "
+    "checked on return. Safety: never point a telescope at the Sun without a certified solar filter; "
+    "children under twelve must be supervised. If a question is outside these topics, say that you "
+    "can only help with the observatory and suggest writing to the front desk."
+)
+
+QUESTIONS = [
+    ("low", "Can our class of twenty-four pupils come on a Friday night, and what should we bring?"),
+    ("medium", "We borrowed the 130 mm reflector last month and one eyepiece now looks foggy. What do we do "
+               "before returning it, and will the school be charged for the inspection?"),
+    ("high", "Explain to a ten-year-old why the Moon looks different every night, then list three things "
+             "they could observe with the 70 mm refractor from a city balcony, with the best time of the "
+             "month for each one, and what to avoid for safety."),
+    ("low", "Is the observatory open on Mondays?"),
+    ("medium", "A parent asked whether it is safe to look at a solar eclipse through the refractor with "
+               "sunglasses. Please give me a short answer I can forward to them."),
+]
+
+
+@dataclass
+class ConversationResult:
+    """Per conversation: prompt size, greedy tokens matched / compared, and logit agreement."""
+
+    prompt_tokens: int
+    matched: int
+    compared: int
+    max_logit_diff: float
+    first_mismatch: int | None = None
+
+
+@dataclass
+class Report:
+    """What the main job prints (``--json``: this as a dict)."""
+
+    mode: str
+    conversations: list[ConversationResult] = field(default_factory=list)
+    states_seen: list[str] = field(default_factory=list)
+    seconds: dict = field(default_factory=dict)
+    decoded_first: str = ""
+    harmony_parse: str = ""
+    logit_tolerance: float = LOGIT_TOLERANCE["float32"]
+    status: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.conversations) and all(
+            c.matched == c.compared and c.max_logit_diff <= self.logit_tolerance for c in self.conversations)
+
+
+def harmony_encoding(vocab_dir: Path):
+    """openai_harmony's GPT-OSS encoding, loaded offline from the o200k file laid out in ``vocab_dir``."""
+    from gptoss_patch import tokenizer
+
+    prepared = tokenizer.prepare(vocab_dir)
+    os.environ.update(prepared.env)
+    from openai_harmony import HarmonyEncodingName, load_harmony_encoding
+
+    return load_harmony_encoding(HarmonyEncodingName.HARMONY_GPT_OSS)
+
+
+def render_prompts(encoding) -> list[list[int]]:
+    """Token ids of the conversations, rendered for the assistant's completion (harmony format)."""
+    from openai_harmony import (Conversation, DeveloperContent, Message, ReasoningEffort, Role,
+                                SystemContent)
+
+    efforts = {"low": ReasoningEffort.LOW, "medium": ReasoningEffort.MEDIUM, "high": ReasoningEffort.HIGH}
+    prompts = []
+    for effort, question in QUESTIONS:
+        system = (SystemContent.new().with_reasoning_effort(efforts[effort])
+                  .with_conversation_start_date("2026-11-29").with_knowledge_cutoff("2024-06"))
+        conv = Conversation.from_messages([
+            Message.from_role_and_content(Role.SYSTEM, system),
+            Message.from_role_and_content(Role.DEVELOPER, DeveloperContent.new().with_instructions(SHARED_DEVELOPER)),
+            Message.from_role_and_content(Role.USER, question),
+        ])
+        prompts.append(list(encoding.render_conversation_for_completion(conv, Role.ASSISTANT)))
+    return prompts
+
+
+def teacher_forced_reference(checkpoint: Path, prompts: list[list[int]], steps: int):
+    """transformers float32 greedy continuation per prompt: (tokens, logits per step)."""
+    from gptoss_patch.testing.runner import reference_generate
+
+    return reference_generate(checkpoint, prompts, steps)
+
+
+def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32") -> Report:
+    """Run the main job once (eager) and return the :class:`Report`."""
+    import gptoss_patch
+    from gptoss_patch.testing.runner import SimulatedGptOss, ascend_context
+    from gptoss_patch.testing.tiny import write_checkpoint
+
+    report = Report(mode=f"eager, {dtype}", logit_tolerance=LOGIT_TOLERANCE[dtype])
+    t0 = time.perf_counter()
+    workdir.mkdir(parents=True, exist_ok=True)
+    checkpoint = workdir / "gpt-oss-tiny"
+    if not (checkpoint / "config.json").exists():
+        write_checkpoint(checkpoint, preset="tiny", seed=seed, tokenizer=True)
+    encoding = harmony_encoding(workdir / "vocab")
+    prompts = render_prompts(encoding)
+    report.seconds["setup"] = round(time.perf_counter() - t0, 1)
+
+    t1 = time.perf_counter()
+    ref = teacher_forced_reference(checkpoint, prompts, steps)
+    report.seconds["reference"] = round(time.perf_counter() - t1, 1)
+
+    t2 = time.perf_counter()
+    with ascend_context(checkpoint, dtype=dtype) as config:
+        sim = SimulatedGptOss(config, num_blocks=48)
+        reqs = sim.generate(prompts, steps, forced=[toks for toks, _ in ref])
+        report.states_seen = sorted(sim.states_seen)
+    report.seconds["vllm"] = round(time.perf_counter() - t2, 1)
+    for p, r, (toks, logits) in zip(prompts, reqs, ref):
+        matched = sum(int(a == b) for a, b in zip(r.output, toks))
+        diffs = [float((a - b).abs().max()) for a, b in zip(r.logits, logits)]
+        mism = next((i for i, (a, b) in enumerate(zip(r.output, toks)) if a != b), None)
+        report.conversations.append(ConversationResult(len(p), matched, len(toks), max(diffs), mism))
+    first = ref[0][0]
+    report.decoded_first = encoding.decode(first)
+    try:
+        from openai_harmony import Role
+
+        msgs = encoding.parse_messages_from_completion_tokens(first, Role.ASSISTANT)
+        report.harmony_parse = "; ".join(f"{m.channel or '-'}: {m.content[0].text[:60]!r}" for m in msgs)
+    except Exception as exc:  # noqa: BLE001 - random weights rarely form a well-formed harmony message
+        report.harmony_parse = f"not a well-formed harmony message ({type(exc).__name__}): random tiny weights"
+    report.status = gptoss_patch.status().as_dict()
+    report.seconds["total"] = round(time.perf_counter() - t0, 1)
+    return report
+
+
+def print_report(report: Report) -> None:
+    """Human-readable report."""
+    print(f"GPT-OSS main job ({report.mode}) - vLLM GptOssForCausalLM on patched vllm-ascend "
+          f"{report.status.get('versions', {}).get('vllm_ascend')} (NPU simulator) vs transformers float32")
+    print(f"  attention states exercised: {', '.join(report.states_seen)}")
+    for i, c in enumerate(report.conversations):
+        flag = "ok" if c.matched == c.compared and c.max_logit_diff <= report.logit_tolerance else "MISMATCH"
+        print(f"  conversation {i}: prompt {c.prompt_tokens} tokens, greedy tokens matched {c.matched}/{c.compared}, "
+              f"max |logit diff| {c.max_logit_diff:.3f} (tolerance {report.logit_tolerance}) {flag}")
+    print(f"  conversation 0 decoded: {report.decoded_first[:160]!r}")
+    print(f"  harmony channels: {report.harmony_parse}")
+    print(f"  time: {report.seconds}")
+    print("  result: " + ("OK - every token identical" if report.ok else "FAILED"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI; exit 0 when every token matches, 1 otherwise."""
+    ap = argparse.ArgumentParser(prog="python -m gptoss_patch.testing.main_job", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    args = ap.parse_args(argv)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if args.json:
+        os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    from gptoss_patch.testing import npu_sim
+
+    npu_sim.install()
+    report = run(args.workdir, steps=args.steps, dtype=args.dtype)
+    if args.json:
+        d = asdict(report)
+        d["ok"] = report.ok
+        print(json.dumps(d, default=str))
+    else:
+        print_report(report)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
