@@ -48,13 +48,15 @@ LAYOUTS: dict[str, dict[str, str]] = {
         "moe_fused_experts": "vllm_ascend.ops.moe.moe_comm_method:MoECommMethod.fused_experts",
         "moe_unified_apply_mlp_011": "vllm_ascend.ops.moe.moe_mlp:unified_apply_mlp",
         "moe_comm_method_module": "vllm_ascend.ops.moe.moe_comm_method",  # imports unified_apply_mlp by value
+        "aclgraph_update_attn_params": "vllm_ascend.compilation.acl_graph:update_attn_params",
+        "model_runner_module": "vllm_ascend.worker.model_runner_v1",  # imports update_attn_params by value
     },
 }
 
 #: Which patches (by name, see gptoss_patch.patches) each layout family needs.
 LAYOUT_PATCHES: dict[str, tuple[str, ...]] = {
     "B": ("attention.keep_sinks", "attention.sink_window_forward", "rope.yarn_truncate", "moe.unquant_apply", "moe.fused_experts",
-          "moe.apply_mlp"),
+          "moe.apply_mlp", "aclgraph.update_attn_params"),
 }
 
 

@@ -136,8 +136,30 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
             if not _child_ok(d, status.decision):
                 why = d.get("error") or d.get("import_error") or d.get("reason")
                 report["problems"].append(f"activation not proven in a {label}: {why}")
+    if simulate and status.decision == "apply" and not import_error:
+        job = run_main_job()
+        report["main_job"] = job
+        if not job.get("ok"):
+            report["problems"].append("the simulated GPT-OSS run did not reproduce the reference: "
+                                      + (job.get("error") or "token or logit mismatch (see main job report)"))
     report["ok"] = not report["problems"]
     return report
+
+
+def run_main_job(steps: int = 32, timeout: float = 1800.0) -> dict[str, Any]:
+    """Run :mod:`gptoss_patch.testing.main_job` in a child interpreter on the simulator; its JSON report.
+
+    A child keeps vLLM's process-wide state (distributed groups, current config) out of this process.
+    """
+    env = dict(os.environ, GPTOSS_PATCH_SIMULATE_NPU="1", VLLM_LOGGING_STREAM="ext://sys.stderr",
+               VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.testing.main_job", "--json", "--steps", str(steps)],
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    tail = proc.stderr.strip().splitlines()[-3:]
+    return {"ok": False, "error": f"main job exited {proc.returncode}: {' | '.join(tail)}"}
 
 
 def _print_human(report: dict[str, Any]) -> None:
@@ -162,6 +184,17 @@ def _print_human(report: dict[str, Any]) -> None:
         ok = "error" not in d and d.get("ok") and not d.get("import_error")
         print(f"  activation in {label.replace('_', ' ')}: {'ok' if ok else 'FAILED'} "
               f"({d.get('decision')}, {sum(p['state'] == 'applied' for p in d.get('patches', []))} patches applied)")
+    job = report.get("main_job")
+    if job and "conversations" in job:
+        print(f"  simulated GPT-OSS run ({job['mode']}; vLLM GptOssForCausalLM on patched vllm-ascend vs transformers):")
+        print(f"    attention states: {', '.join(job['states_seen'])}; prefix-cache blocks reused: "
+              f"{job['reused_prefix_blocks']}")
+        for i, c in enumerate(job["conversations"]):
+            print(f"    conversation {i}: prompt {c['prompt_tokens']} tokens, tokens matched {c['matched']}/{c['compared']}, "
+                  f"max |logit diff| {c['max_logit_diff']:.1e} (tolerance {job['logit_tolerance']:g})")
+        print(f"    conversation 0 decoded: {job['decoded_first'][:120]!r}")
+        print(f"    harmony channels: {job['harmony_parse']}")
+        print(f"    time (s): {job['seconds']}")
     if report["problems"]:
         print("  PROBLEMS:")
         for p in report["problems"]:

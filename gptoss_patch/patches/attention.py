@@ -96,8 +96,13 @@ def _forward_011(wrapped, instance, args, kwargs):
     Returns ``output.view(T, N*D)`` like upstream.
     """
     bound = _bind_011(*args, **kwargs)
-    if not _routes_to_us(instance) or bound["trace_flag"]:
+    if bound["trace_flag"]:
         return wrapped(*args, **kwargs)
+    if not _routes_to_us(instance):
+        from gptoss_patch.patches import aclgraph
+
+        # upstream's code; under a full-graph capture its paged-attention record gets this layer's name
+        return aclgraph.run_naming_upstream_records(bound["layer"], lambda: wrapped(*args, **kwargs))
     return sink_window_forward(instance, bound["layer"], bound["query"], bound["key"], bound["value"],
                                bound["kv_cache"], bound["attn_metadata"], bound["output"])
 
@@ -114,10 +119,13 @@ def sink_window_forward(impl: Any, layer: Any, query: Any, key: Any, value: Any,
     Writes the new K/V into the paged cache (``_npu_reshape_and_cache``, as upstream), then computes
     the first ``actual_seq_lengths_q[-1]`` query rows with one fused call over the cache and writes
     them into ``output`` (the buffer vLLM reads). With no KV cache (vLLM's profiling run) the
-    output is zero-filled like upstream's ``attn_metadata is None`` branch.
+    output is zero-filled like upstream's ``attn_metadata is None`` branch. While a full ACL graph is
+    being captured (FULL_DECODE_ONLY), the attention is captured instead as one updatable task over
+    all ``T`` rows (:func:`gptoss_patch.patches.aclgraph.capture_decode`).
 
     Raises:
         NotImplementedError: encoder / cross attention (GPT-OSS is decoder-only), or int8 KV cache.
+        gptoss_patch.patches.aclgraph.AclGraphCaptureError: a full-graph capture of a batch that is not DecodeOnly.
     """
     import torch
     import torch_npu
@@ -146,6 +154,11 @@ def sink_window_forward(impl: Any, layer: Any, query: Any, key: Any, value: Any,
     num_actual = attn_metadata.num_actual_tokens
     torch_npu._npu_reshape_and_cache(key=k[:num_actual], value=v[:num_actual], key_cache=impl.key_cache,
                                      value_cache=impl.value_cache, slot_indices=attn_metadata.slot_mapping)
+    from gptoss_patch.patches import aclgraph
+
+    if aclgraph.capturing():  # FULL_DECODE_ONLY capture: one updatable launch over all T rows
+        aclgraph.capture_decode(impl, layer, q, out3, attn_metadata)
+        return out3.view(num_tokens, n * d)
     # Host lists (no device sync). A padded decode batch (graph capture sizes) has one more seq_lens entry
     # than query offsets in vllm-ascend 0.11's builder; the batch is the query offsets' count.
     q_cu = attn_metadata.actual_seq_lengths_q

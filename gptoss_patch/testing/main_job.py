@@ -79,6 +79,7 @@ class Report:
     mode: str
     conversations: list[ConversationResult] = field(default_factory=list)
     states_seen: list[str] = field(default_factory=list)
+    reused_prefix_blocks: int = 0
     seconds: dict = field(default_factory=dict)
     decoded_first: str = ""
     harmony_parse: str = ""
@@ -125,7 +126,7 @@ def teacher_forced_reference(checkpoint: Path, prompts: list[list[int]], steps: 
     """transformers float32 greedy continuation per prompt: (tokens, logits per step)."""
     from gptoss_patch.testing.runner import reference_generate
 
-    return reference_generate(checkpoint, prompts, steps)
+    return reference_generate(checkpoint, prompts, steps, cache_dir=checkpoint.parent / "reference-cache")
 
 
 def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32") -> Report:
@@ -153,6 +154,7 @@ def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32") -
         sim = SimulatedGptOss(config, num_blocks=48)
         reqs = sim.generate(prompts, steps, forced=[toks for toks, _ in ref])
         report.states_seen = sorted(sim.states_seen)
+        report.reused_prefix_blocks = sim.reused_blocks
     report.seconds["vllm"] = round(time.perf_counter() - t2, 1)
     for p, r, (toks, logits) in zip(prompts, reqs, ref):
         matched = sum(int(a == b) for a, b in zip(r.output, toks))
@@ -177,11 +179,12 @@ def print_report(report: Report) -> None:
     """Human-readable report."""
     print(f"GPT-OSS main job ({report.mode}) - vLLM GptOssForCausalLM on patched vllm-ascend "
           f"{report.status.get('versions', {}).get('vllm_ascend')} (NPU simulator) vs transformers float32")
-    print(f"  attention states exercised: {', '.join(report.states_seen)}")
+    print(f"  attention states exercised: {', '.join(report.states_seen)}; KV blocks reused from the prefix "
+          f"cache: {report.reused_prefix_blocks}")
     for i, c in enumerate(report.conversations):
         flag = "ok" if c.matched == c.compared and c.max_logit_diff <= report.logit_tolerance else "MISMATCH"
         print(f"  conversation {i}: prompt {c.prompt_tokens} tokens, greedy tokens matched {c.matched}/{c.compared}, "
-              f"max |logit diff| {c.max_logit_diff:.3f} (tolerance {report.logit_tolerance}) {flag}")
+              f"max |logit diff| {c.max_logit_diff:.1e} (tolerance {report.logit_tolerance:g}) {flag}")
     print(f"  conversation 0 decoded: {report.decoded_first[:160]!r}")
     print(f"  harmony channels: {report.harmony_parse}")
     print(f"  time: {report.seconds}")

@@ -131,6 +131,7 @@ class SimulatedGptOss:
         self.free_blocks = list(range(1, num_blocks))  # block 0 stays free: padded graph rows point at it
         self.prefix_blocks: dict[tuple[int, ...], int] = {}  # full-block token prefix -> physical block
         self.states_seen: set[str] = set()
+        self.reused_blocks = 0  # KV blocks served from the prefix cache instead of being computed
 
     # ---------------------------------------------------------------- blocks and prefix reuse
     def _reuse_prefix(self, req: Request) -> None:
@@ -142,6 +143,7 @@ class SimulatedGptOss:
                 break
             req.blocks.append(self.prefix_blocks[key])
             req.computed = (b + 1) * self.block_size
+            self.reused_blocks += 1
 
     def _ensure_blocks(self, req: Request, upto: int) -> None:
         while len(req.blocks) * self.block_size < upto:
@@ -262,19 +264,47 @@ class SimulatedGptOss:
         return reqs
 
 
-def reference_generate(checkpoint: str | os.PathLike, prompts: Sequence[Sequence[int]], max_new_tokens: int
-                       ) -> list[tuple[list[int], list[torch.Tensor]]]:
-    """transformers' greedy generation, float32: per prompt (tokens, logits per generated token)."""
+def reference_generate(checkpoint: str | os.PathLike, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                       cache_dir: str | os.PathLike | None = None) -> list[tuple[list[int], list[torch.Tensor]]]:
+    """transformers' greedy generation, float32: per prompt (tokens, logits ``[vocab]`` per generated token).
+
+    The greedy tokens come from ``generate``; the logits from one teacher-forced forward pass over
+    prompt + tokens (the same numbers ``generate`` scored, without its per-step overhead). With
+    ``cache_dir``, the tokens are cached under a key of the checkpoint bytes, the prompts, the step count
+    and the transformers version (greedy tokens are deterministic for those); logits are recomputed.
+    """
+    import hashlib
+    import json
+
+    import transformers
     from transformers import GptOssForCausalLM
 
     model = GptOssForCausalLM.from_pretrained(str(checkpoint), torch_dtype=torch.float32)
     model.eval()
+    cached: dict = {}
+    path = None
+    if cache_dir is not None:
+        h = hashlib.sha256()
+        for f in sorted(Path(checkpoint).glob("*.safetensors")):
+            h.update(f.read_bytes())
+        h.update(json.dumps([list(map(int, p)) for p in prompts]).encode())
+        h.update(f"{max_new_tokens}/{transformers.__version__}".encode())
+        path = Path(cache_dir) / f"reference-{h.hexdigest()[:16]}.json"
+        if path.exists():
+            cached = json.loads(path.read_text())
     out = []
     with torch.no_grad():
-        for p in prompts:
-            gen = model.generate(torch.tensor([list(p)]), max_new_tokens=max_new_tokens, do_sample=False,
-                                 output_logits=True, return_dict_in_generate=True, eos_token_id=None,
-                                 pad_token_id=0)
-            toks = gen.sequences[0, len(p):].tolist()
-            out.append((toks, [lg[0].float() for lg in gen.logits]))
+        for i, p in enumerate(prompts):
+            toks = cached.get(str(i))
+            if toks is None:
+                gen = model.generate(torch.tensor([list(p)]), max_new_tokens=max_new_tokens, do_sample=False,
+                                     eos_token_id=None, pad_token_id=0)
+                toks = gen[0, len(p):].tolist()
+                cached[str(i)] = toks
+            full = torch.tensor([list(p) + toks[:-1]])
+            logits = model(full).logits[0, len(p) - 1:].float()
+            out.append((toks, list(logits)))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cached))
     return out

@@ -27,9 +27,13 @@ targets = {
     "moe_mlp.unquant_apply_mlp": mm.unquant_apply_mlp,
     "AscendUnquantizedFusedMoEMethod.apply": fm.AscendUnquantizedFusedMoEMethod.__dict__["apply"],
 }
-wrapped = sorted(k for k, v in targets.items() if isinstance(v, wrapt.ObjectProxy))
+from gptoss_patch.registry import MARKER
+def is_wrapped(v):  # wrapt 2.x: FunctionWrapper is not an ObjectProxy subclass, so check both, and our marker
+    return isinstance(v, (wrapt.FunctionWrapper, wrapt.ObjectProxy)) or hasattr(v, MARKER)
+probe = wrapt.FunctionWrapper(lambda: None, lambda w, i, a, k: w(*a, **k))  # the check must see a real wrapper
+wrapped = sorted(k for k, v in targets.items() if is_wrapped(v))
 print("RESULT " + json.dumps({"status": gptoss_patch.status().as_dict(), "wrapped": wrapped,
-                              "module": aa.__file__}))
+                              "probe_seen": is_wrapped(probe), "module": aa.__file__}))
 """
 
 
@@ -50,7 +54,7 @@ def test_fresh_interpreter_stands_down_and_wraps_nothing(cell):
     assert st["decision"] == "stand-down" and "supports GPT-OSS natively" in st["reason"]
     assert st["patches"] == []
     assert st["gaps"] == [g.text for g in matrix.gaps_for(Version("0.15.0rc1"))] and len(st["gaps"]) == 4
-    assert res["wrapped"] == []
+    assert res["probe_seen"] is True and res["wrapped"] == []
 
 
 def test_verify_prints_the_native_verdict_and_the_gaps_and_exits_0():

@@ -1,0 +1,741 @@
+"""Issue 6 in a real cell: GPT-OSS attention under vllm-ascend 0.11's ACL graphs (PIECEWISE and FULL_DECODE_ONLY).
+
+What runs for real: vLLM's ``Attention`` layers (vllm-ascend 0.11's patched ``Attention.forward`` ->
+``torch.ops.vllm.unified_ascend_attention_with_output`` -> ``AscendAttentionBackendImpl.forward``),
+``AscendAttentionMetadataBuilder.build`` / ``build_for_graph_capture`` (including its decode padding),
+``acl_graph.ACLGraphWrapper`` (capture and replay), ``set_graph_params`` / ``get_graph_params``, upstream's
+``update_attn_params`` for its paged-attention records, ``set_forward_context``; the torch_npu operators and NPU
+graphs are the simulator's. Ours in the loop (the role of ``NPUModelRunner``): persistent input buffers, one KV-cache
+group per layer, the step order ``replay -> update_attn_params`` of ``_generate_process_reqs_hidden_states``.
+
+Oracles: the same model run eagerly (``CUDAGraphMode.NONE``) on its own KV caches - equal exactly in float32 when
+both use the same operator path - and transformers' GPT-OSS ``eager_attention_forward`` for the attention rows.
+
+Deviations from the model runner, each for a reason stated where it happens: padded slot-mapping entries are -1
+(the runner writes 0, i.e. every padded row writes block 0 slot 0, which the simulated ``_npu_reshape_and_cache``
+rejects as the ATB operator's "no repeated slot" rule); ``weak_ref_tensors`` is an alias (vllm-ascend's compiled
+``_C_ascend.weak_ref_tensor`` is not part of the simulator); ``numba`` is stubbed in the one subprocess that imports
+``model_runner_v1`` (vLLM's n-gram proposer imports it; the cell venv does not install it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import textwrap
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from gptoss_patch.kernels import attention as kernels
+from gptoss_patch.testing.attention_case import build_case
+from gptoss_patch.testing.npu_sim import graph as G
+
+import torch_npu  # noqa: E402,F401  (the simulated module, installed by conftest)
+
+WINDOW = 128
+BLOCK = 128
+N, KVN, D = 8, 1, 64          # gpt-oss-120b per rank at TP=8 (GQA 8:1, head_dim 64)
+H = N * D
+SIZES = (1, 2, 4, 8)
+MAX_REQS = 8
+MAX_BLOCKS = 8
+SCALE = D ** -0.5
+
+
+def _layer_name(i: int) -> str:
+    return f"model.layers.{i}.self_attn.attn"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# fixtures
+
+
+@contextlib.contextmanager
+def operator_path(path: str | None):
+    old = os.environ.get("GPTOSS_PATCH_ATTENTION_PATH")
+    if path is None:
+        os.environ.pop("GPTOSS_PATCH_ATTENTION_PATH", None)
+    else:
+        os.environ["GPTOSS_PATCH_ATTENTION_PATH"] = path
+    kernels._path = None
+    try:
+        yield
+    finally:
+        kernels._path = None
+        if old is None:
+            os.environ.pop("GPTOSS_PATCH_ATTENTION_PATH", None)
+        else:
+            os.environ["GPTOSS_PATCH_ATTENTION_PATH"] = old
+
+
+@pytest.fixture()
+def graph_env():
+    """Fresh simulator graph state, no graph params, capturing allowed; vllm-ascend's weak refs as aliases."""
+    import vllm_ascend.attention.attention_v1 as av
+    import vllm_ascend.compilation.acl_graph as ag
+    from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+
+    G._reset_state()
+    saved = ag._graph_params
+    ag._graph_params = None
+    with pytest.MonkeyPatch.context() as mp:
+        # torch.ops._C_ascend.weak_ref_tensor (compiled vllm-ascend library) is not simulated; an alias keeps what
+        # the graph code relies on - the same memory
+        mp.setattr(ag, "weak_ref_tensors", lambda t: t)
+        mp.setattr(av, "weak_ref_tensors", lambda t: t)
+        set_cudagraph_capturing_enabled(True)
+        try:
+            with torch.npu.stream(torch.npu.default_stream()):
+                yield ag
+        finally:
+            set_cudagraph_capturing_enabled(False)
+            G._reset_state()
+            ag._graph_params = saved
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# a decoder of real vLLM Attention layers, and the model runner's part
+
+
+class Toy:
+    """``h -> h + Attention(h Wq, h Wk, h Wv) Wo`` per layer with real vLLM ``Attention`` layers.
+
+    ``kinds[i]``: ``"sliding"`` (window 128 + sinks), ``"full"`` (sinks), ``"plain"`` (neither: upstream's code).
+    Returns ``(h, attn_0, ..., attn_{L-1})``, each ``(T, ...)``; eager runs also keep each layer's query.
+    """
+
+    def __init__(self, cfg, kinds, weights, sinks, caches):
+        from vllm.attention import Attention
+        from vllm.config import set_current_vllm_config
+
+        self.kinds, self.weights, self.queries = kinds, weights, []
+        self.layers = []
+        with set_current_vllm_config(cfg):
+            for i, kind in enumerate(kinds):
+                extra = {} if kind == "plain" else {"sinks": sinks[i]}
+                attn = Attention(N, D, SCALE, num_kv_heads=KVN, cache_config=cfg.cache_config, prefix=_layer_name(i),
+                                 per_layer_sliding_window=WINDOW if kind == "sliding" else None, **extra)
+                attn.kv_cache = [caches[i]]
+                self.layers.append(attn)
+
+    def __call__(self, x):
+        h = x
+        outs = []
+        self.queries = []
+        for attn, (wq, wk, wv, wo) in zip(self.layers, self.weights):
+            q = h @ wq
+            self.queries.append(q)
+            a = attn(q, h @ wk, h @ wv)
+            outs.append(a)
+            h = h + a @ wo
+        return (h, *outs)
+
+
+def _config():
+    from vllm.config import CacheConfig, VllmConfig
+
+    return VllmConfig(cache_config=CacheConfig(block_size=BLOCK))
+
+
+class Group:
+    """One KV-cache group (here: one layer): caches for the graph and the eager model, and the runner's persistent
+    block table / slot mapping / seq_lens buffers. Each group has its own sequence lengths (``offset``), so a record
+    paired with another layer's metadata would read wrong lengths."""
+
+    def __init__(self, init_lens, gen):
+        nb = MAX_REQS * MAX_BLOCKS + 4
+        self.kc = torch.randn(nb, BLOCK, KVN, D, generator=gen)
+        self.vc = torch.randn(nb, BLOCK, KVN, D, generator=gen)
+        self.kc_e, self.vc_e = self.kc.clone(), self.vc.clone()
+        self.bt = torch.zeros(MAX_REQS, MAX_BLOCKS, dtype=torch.int32)
+        self.slots = torch.full((MAX_REQS,), -1, dtype=torch.int32)
+        self.seq_lens_cpu = torch.zeros(MAX_REQS, dtype=torch.int32)
+        self.free = torch.randperm(nb - 1, generator=gen).add(1).tolist()   # block 0 stays for padding rows
+        self.lengths = list(init_lens)
+        self.blocks = []
+        for length in init_lens:
+            self.blocks.append([self.free.pop() for _ in range(-(-length // BLOCK))])
+
+    def schedule(self, active):
+        """Slot of each active request's new token; its length grows by one."""
+        slots = []
+        for i, r in enumerate(active):
+            p = self.lengths[r]
+            if p // BLOCK == len(self.blocks[r]):
+                self.blocks[r].append(self.free.pop())
+            slots.append(self.blocks[r][p // BLOCK] * BLOCK + p % BLOCK)
+            self.lengths[r] = p + 1
+            self.bt[i].zero_()
+            self.bt[i, :len(self.blocks[r])] = torch.tensor(self.blocks[r], dtype=torch.int32)
+            self.seq_lens_cpu[i] = p + 1
+        self.slots[:len(active)] = torch.tensor(slots, dtype=torch.int32)
+
+
+class Harness:
+    """Graph model (``ACLGraphWrapper``, FULL) and eager model over the same weights, groups and metadata."""
+
+    def __init__(self, kinds, *, seed=0, init_lens=(1, 60, 120, 127, 128, 200, 250, 255), offsets=None,
+                 sizes=SIZES):
+        from vllm.config import CUDAGraphMode
+        from vllm_ascend.attention.attention_v1 import AscendAttentionMetadataBuilder
+        from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
+
+        gen = torch.Generator().manual_seed(seed)
+        self.kinds, self.sizes = list(kinds), tuple(sizes)
+        offsets = offsets or [37 * i for i in range(len(kinds))]
+        self.groups = [Group([n + off for n in init_lens], gen) for off in offsets]
+        weights = [tuple(torch.randn(a, b, generator=gen) * a ** -0.5
+                         for a, b in ((H, N * D), (H, KVN * D), (H, KVN * D), (N * D, H))) for _ in kinds]
+        self.sinks = [torch.randn(N, generator=gen) * 2 for _ in kinds]
+        self.cfg_g, self.cfg_e = _config(), _config()
+        self.graph_model = Toy(self.cfg_g, kinds, weights, self.sinks, [(g.kc, g.vc) for g in self.groups])
+        self.eager_model = Toy(self.cfg_e, kinds, weights, self.sinks, [(g.kc_e, g.vc_e) for g in self.groups])
+        self.x = torch.zeros(MAX_REQS, H)
+        self.qsl = torch.zeros(MAX_REQS + 1, dtype=torch.int32)
+        cfg = type("C", (), {"model_config": type("M", (), {"max_model_len": MAX_BLOCKS * BLOCK}),
+                             "speculative_config": None})
+        self.builder = AscendAttentionMetadataBuilder(None, [], cfg, torch.device("cpu"))
+        self.wrapper = ACLGraphWrapper(self.graph_model, self.cfg_g, runtime_mode=CUDAGraphMode.FULL)
+        self.update_stream = torch.npu.Stream()
+        self.num_reqs = len(init_lens)
+
+    # -- metadata ------------------------------------------------------------------------------------------------
+    def _common(self, g, num_reqs, num_actual, num_tokens):
+        from vllm_ascend.attention.attention_v1 import AscendAttentionState
+        from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
+
+        self.qsl[:num_reqs + 1] = torch.arange(num_reqs + 1, dtype=torch.int32)
+        q_cpu = self.qsl[:num_reqs + 1]
+        return AscendCommonAttentionMetadata(
+            query_start_loc=q_cpu.clone(), query_start_loc_cpu=q_cpu, seq_lens_cpu=g.seq_lens_cpu,
+            seq_lens=g.seq_lens_cpu[:num_reqs], num_computed_tokens_cpu=g.seq_lens_cpu[:num_reqs] - 1,
+            num_reqs=num_reqs, num_actual_tokens=num_actual, max_query_len=1, decode_token_per_req=1,
+            block_table_tensor=g.bt[:num_reqs], slot_mapping=g.slots, actual_seq_lengths_q=q_cpu[1:].tolist(),
+            positions=None, attn_mask=None, attn_state=AscendAttentionState.DecodeOnly, num_input_tokens=num_tokens)
+
+    def dummy_metadata(self, size):
+        """``NPUModelRunner._build_dummy_attn_metadata``: ``size`` requests of length 1 (``build_for_graph_capture``)."""
+        meta = {}
+        for i, g in enumerate(self.groups):
+            g.seq_lens_cpu[:size] = 1
+            g.slots[:size] = -1  # the runner's slot buffer holds 0s here; see the module docstring
+            meta[_layer_name(i)] = self.builder.build_for_graph_capture(self._common(g, size, size, size))
+        return meta
+
+    def step_metadata(self, active, size):
+        meta = {}
+        for i, g in enumerate(self.groups):
+            g.schedule(active)
+            g.slots[len(active):size] = -1
+            meta[_layer_name(i)] = self.builder.build(0, self._common(g, len(active), len(active), size))
+        return meta
+
+    # -- forward contexts ----------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def context(self, cfg, meta, mode, size):
+        """``set_forward_context`` plus what ``set_ascend_forward_context`` does for graphs: ``capturing = False``."""
+        from vllm.forward_context import BatchDescriptor, get_forward_context, set_forward_context
+
+        with set_forward_context(meta, cfg, cudagraph_runtime_mode=mode,
+                                 batch_descriptor=BatchDescriptor(num_tokens=size, uniform_decode=True)):
+            fc = get_forward_context()
+            fc.capturing = False
+            yield fc
+
+    def capture(self):
+        """``NPUModelRunner._capture_aclgraphs``: per size (largest first) a warm-up run, then the FULL capture."""
+        from vllm.config import CUDAGraphMode
+        from vllm_ascend.compilation.acl_graph import set_graph_params
+
+        set_graph_params(set(self.sizes))
+        with torch.inference_mode():
+            for size in sorted(self.sizes, reverse=True):
+                meta = self.dummy_metadata(size)
+                with self.context(self.cfg_g, meta, CUDAGraphMode.NONE, size):
+                    self.wrapper(self.x[:size])
+                with self.context(self.cfg_g, meta, CUDAGraphMode.FULL, size) as fc:
+                    self.wrapper(self.x[:size])  # ACLGraphWrapper sets fc.capturing and captures
+                    assert fc.capturing  # so _generate_dummy_run_hidden_states does not update here
+
+    def step(self, active, *, update=None, check=True):
+        """One decode step of the requests ``active`` padded to the next capture size: graph and eager.
+
+        Returns ``(b, size, graph outputs, eager outputs, metadata)``.
+        """
+        from vllm.config import CUDAGraphMode
+        from vllm_ascend.compilation import acl_graph
+
+        b = len(active)
+        size = min(s for s in self.sizes if s >= b)
+        with torch.inference_mode():
+            self.x[:b] = torch.randn(b, H)
+            self.x[b:size] = 0
+            meta = self.step_metadata(active, size)
+            with self.context(self.cfg_g, meta, CUDAGraphMode.FULL, size) as fc:
+                outs_g = self.wrapper(self.x[:size])  # replay: queued at the first captured ExternalEvent.wait
+                pending = self.wrapper.concrete_aclgraph_entries[fc.batch_descriptor].aclgraph.sim_pending
+                (update or acl_graph.update_attn_params)(self.update_stream, fc, size, None)
+            if check:
+                assert pending, "the replay should wait for the parameter update"
+            with self.context(self.cfg_e, meta, CUDAGraphMode.NONE, size):
+                outs_e = self.eager_model(self.x[:size])
+        return b, size, outs_g, outs_e, meta
+
+    def keys_values(self, layer, r):
+        g = self.groups[layer]
+        length = g.lengths[r]
+        pos = torch.arange(length)
+        blocks = torch.tensor(g.blocks[r])[pos // BLOCK]
+        return g.kc_e[blocks, pos % BLOCK], g.vc_e[blocks, pos % BLOCK]
+
+
+def transformers_decode(q, keys, values, *, sinks, window):
+    """transformers' GPT-OSS ``eager_attention_forward`` for one decode query per sequence (float32).
+
+    ``q`` ``(b, N, D)``; ``keys[i]``/``values[i]`` ``(L_i, KV_N, D)``; ``sinks`` ``(N,)`` or None (plain softmax:
+    a sink of -inf); ``window``: keys ``j > pos - window`` (transformers ``sliding_window_causal_mask_function``)."""
+    from transformers.masking_utils import causal_mask_function, sliding_window_causal_mask_function
+    from transformers.models.gpt_oss.modeling_gpt_oss import eager_attention_forward
+
+    holder = torch.nn.Module()
+    s = sinks.float() if sinks is not None else torch.full((N,), float("-inf"))
+    holder.sinks = torch.nn.Parameter(s.clone(), requires_grad=False)
+    holder.num_key_value_groups = N // KVN
+    holder.eval()
+    mask_fn = causal_mask_function if window is None else sliding_window_causal_mask_function(window)
+    outs = []
+    for i in range(q.shape[0]):
+        length = keys[i].shape[0]
+        allowed = mask_fn(0, 0, torch.tensor([[length - 1]]), torch.arange(length).view(1, -1))
+        additive = torch.zeros(1, length).masked_fill(~allowed, float("-inf")).view(1, 1, 1, length)
+        out, _ = eager_attention_forward(holder, q[i].float().view(1, N, 1, D),
+                                         keys[i].float().transpose(0, 1).unsqueeze(0),
+                                         values[i].float().transpose(0, 1).unsqueeze(0), additive, scaling=SCALE)
+        outs.append(out[0, 0])
+    return torch.stack(outs)
+
+
+def _batch_sizes(steps):
+    """Batch sizes 1..8 in a fixed shuffled cycle: every capture size, padded (3, 5, 6, 7) and exact."""
+    cycle = [3, 8, 1, 5, 2, 7, 4, 6, 8, 3, 1, 6, 5, 2, 7, 4]
+    return [cycle[s % len(cycle)] for s in range(steps)]
+
+
+def _active(step, b, num_reqs):
+    return [(step * 3 + i) % num_reqs for i in range(b)]
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# kernels: the .out variant and the padded decode lengths
+
+
+def test_decode_launch_lengths_cover_vllm_ascend_0_11_padding():
+    # the real builder: 3 decodes padded to 8 -> query_start_loc gets arange(4, 8): one entry short of the padding
+    case = build_case([(129, 1), (300, 1), (5, 1)], num_heads=N, num_kv_heads=KVN, seed=1, pad_to=8)
+    meta = case.metadata
+    assert meta.actual_seq_lengths_q == [1, 2, 3, 4, 5, 6, 7]         # 7 entries, last 7 != T = 8
+    assert meta.seq_lens_list == [130, 301, 6, 1, 1, 1, 1, 1]        # padded with ones
+    q, kv = kernels.decode_launch_lengths(meta.actual_seq_lengths_q, meta.seq_lens_list, meta.num_actual_tokens, 8)
+    assert q == [1, 2, 3, 4, 5, 6, 7, 8] and kv == [130, 301, 6, 0, 0, 0, 0, 0]
+    # pad 1: the builder adds no entry at all
+    case = build_case([(7, 1), (9, 1), (5, 1)], num_heads=N, num_kv_heads=KVN, seed=1, pad_to=4)
+    assert case.metadata.actual_seq_lengths_q == [1, 2, 3]
+    q, kv = kernels.decode_launch_lengths(case.metadata.actual_seq_lengths_q, case.metadata.seq_lens_list, 3, 4)
+    assert q == [1, 2, 3, 4] and kv == [8, 10, 6, 0]
+    with pytest.raises(ValueError, match="exceed"):
+        kernels.decode_launch_lengths([1, 2], [5, 5], 2, 1)
+
+
+@pytest.mark.parametrize("path", ["v2", "lse"])
+@pytest.mark.parametrize("window", [WINDOW, None], ids=["sliding", "full"])
+def test_out_variant_equals_eager_kernel_on_padded_batch(path, window):
+    case = build_case([(127, 1), (128, 1), (300, 1)], num_heads=N, num_kv_heads=KVN, seed=4, pad_to=8)
+    sinks = torch.randn(N, generator=torch.Generator().manual_seed(3)) * 2
+    meta = case.metadata
+    q = case.query.view(-1, N, D)
+    with operator_path(path):
+        eager = torch.full((3, N, D), float("nan"))
+        kernels.sink_window_attention(q[:3], case.key_cache, case.value_cache, block_table=meta.block_tables[:3],
+                                      query_cu_lens=[1, 2, 3], kv_lens=meta.seq_lens_list[:3], num_heads=N,
+                                      num_kv_heads=KVN, scale=SCALE, sinks=sinks, sliding_window=window, out=eager)
+        assert kernels.graph_path(True) == path  # forced paths hold for graphs too
+        qc, kv = kernels.decode_launch_lengths(meta.actual_seq_lengths_q, meta.seq_lens_list, 3, 8)
+        out = torch.full((8, N, D), float("nan"))
+        lse = torch.empty(8, N, 1) if path == "lse" else torch.empty(1)
+        ws = kernels.max_workspace(path, q, case.key_cache, case.value_cache, block_table=meta.block_tables,
+                                   query_cu_lens=qc, kv_lens=kv, num_heads=N, num_kv_heads=KVN, scale=SCALE,
+                                   sinks=sinks, sliding_window=window)
+        ret = kernels.sink_window_attention_out(q, case.key_cache, case.value_cache, block_table=meta.block_tables,
+                                                query_cu_lens=qc, kv_lens=kv, num_heads=N, num_kv_heads=KVN,
+                                                scale=SCALE, sinks=sinks, sliding_window=window, out=out,
+                                                softmax_lse=lse, workspace=ws)
+    assert ret is out
+    assert torch.equal(out[:3], eager)
+    assert torch.equal(out[3:], torch.zeros(5, N, D))  # padding rows: KV length 0 -> zero rows
+
+
+def test_graph_path_on_this_torch_npu():
+    """torch_npu 2.7.1 (vllm-ascend 0.11's pin) is on op-plugin 7.2.0: v2 runs eagerly, but a captured v2 cannot be
+    updated (npu_ops.md §3.2), so captured sink layers use v1 .out + LSE unless v2 is forced."""
+    import torch_npu as tn
+
+    assert not kernels.v2_graph_update_supported(tn)
+    with operator_path(None):
+        assert kernels.chosen_path() == "v2"
+        assert kernels.graph_path(True) == "lse"
+        assert kernels.graph_path(False) == "lse"
+    with operator_path("v2"):
+        assert kernels.graph_path(True) == "v2"
+    fake = type("T", (), {"__version__": "2.9.0"})
+    assert kernels.v2_graph_update_supported(fake)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# PIECEWISE
+
+
+def test_piecewise_config_splits_at_unified_ascend_attention(tmp_path):
+    """vllm-ascend 0.11's NPUPlatform.check_and_update_config puts its attention op in splitting_ops for PIECEWISE
+    (so attention runs between captured pieces) and leaves it out for FULL_DECODE_ONLY."""
+    from gptoss_patch.testing import tiny, vllm_setup
+
+    tiny.config_for("tiny").save_pretrained(tmp_path)
+    op = "vllm.unified_ascend_attention_with_output"
+    pw = vllm_setup.engine_config(tmp_path, enforce_eager=False,
+                                  compilation_config={"level": 3, "cudagraph_mode": "PIECEWISE"})
+    assert pw.compilation_config.cudagraph_mode.name == "PIECEWISE"
+    assert op in pw.compilation_config.splitting_ops
+    assert not pw.compilation_config.cudagraph_mode.has_full_cudagraphs()
+    full = vllm_setup.engine_config(tmp_path, enforce_eager=False,
+                                    compilation_config={"level": 3, "cudagraph_mode": "FULL_DECODE_ONLY"})
+    assert full.compilation_config.cudagraph_mode.has_full_cudagraphs()
+    assert op not in full.compilation_config.splitting_ops
+
+
+class _OpLog(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_piecewise_pieces_replay_around_eager_attention(graph_env):
+    """Pieces split at ``unified_ascend_attention_with_output`` (as vLLM's split graph does): each piece is an
+    ACLGraphWrapper(PIECEWISE) graph that allocates the attention output buffer; the splitting op runs eagerly and
+    writes into it; the next piece reads it. 40 decode steps across the window and a block boundary == eager."""
+    from vllm.config import CUDAGraphMode
+    from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
+
+    kinds = ["sliding", "full", "plain"]
+    hz = Harness(kinds, init_lens=(110, 126, 127, 250), offsets=[0, 5, 9], sizes=(4,))
+    model, wts = hz.graph_model, hz.graph_model.weights
+
+    def piece(i):
+        def run(h, a):
+            if a is not None:
+                h = h + a.view(-1, H) @ wts[i - 1][3]
+            if i == len(kinds):
+                return (h,)
+            wq, wk, wv, _ = wts[i]
+            out = torch.empty(h.shape[0], N, D)  # Attention.forward's buffer, inside the compiled piece
+            return h, (h @ wq).view(-1, N, D), (h @ wk).view(-1, KVN, D), (h @ wv).view(-1, KVN, D), out
+        return run
+
+    pieces = [ACLGraphWrapper(piece(i), hz.cfg_g, runtime_mode=CUDAGraphMode.PIECEWISE)
+              for i in range(len(kinds) + 1)]
+
+    def forward(x):
+        h, a = x, None
+        attn_outs = []
+        for i, p in enumerate(pieces):
+            res = p(h, a)
+            if i == len(kinds):
+                return res[0], attn_outs
+            h, q, k, v, out = res
+            torch.ops.vllm.unified_ascend_attention_with_output(q, k, v, out, _layer_name(i))  # the splitting op
+            attn_outs.append(out)
+            a = out
+
+    size = 4
+    with torch.inference_mode():
+        # capture: upstream's PIECEWISE dummy run has no attention metadata (attention writes zeros)
+        for mode in (CUDAGraphMode.NONE, CUDAGraphMode.PIECEWISE):
+            with hz.context(hz.cfg_g, None, mode, size):
+                forward(hz.x[:size])
+        assert all(len(p.concrete_aclgraph_entries) == 1 for p in pieces)
+        bufs = None
+        for step in range(40):
+            b = 3 if step % 2 else 4
+            active = _active(step, b, hz.num_reqs)
+            hz.x[:b] = torch.randn(b, H)
+            hz.x[b:size] = 0
+            meta = hz.step_metadata(active, size)
+            log = _OpLog()
+            with hz.context(hz.cfg_g, meta, CUDAGraphMode.PIECEWISE, size), log:
+                h_g, attn_g = forward(hz.x[:size])
+            assert log.names.count("vllm.unified_ascend_attention_with_output.default") == len(kinds)
+            if bufs is None:
+                bufs = [a.data_ptr() for a in attn_g]
+            assert [a.data_ptr() for a in attn_g] == bufs  # written in place: the pieces' own buffers
+            with hz.context(hz.cfg_e, meta, CUDAGraphMode.NONE, size):
+                h_e, *attn_e = hz.eager_model(hz.x[:size])
+            for a_g, a_e in zip(attn_g, attn_e):
+                assert torch.equal(a_g.reshape(size, -1)[:b], a_e[:b])
+            assert torch.equal(h_g[:b], h_e[:b])
+    assert max(hz.groups[0].lengths) > 2 * BLOCK and min(hz.groups[0].lengths) < WINDOW + 40
+
+
+def test_sink_window_attention_is_capture_safe(graph_env):
+    """Our eager attention (used between PIECEWISE pieces) captured whole: no host read of device data is baked
+    into the program (no host sync), and replays with new tensor contents equal eager - nothing escapes the buffers
+    a replay reuses. (Its lengths are host lists; in PIECEWISE they are fresh each step because attention is not in
+    a graph.)"""
+    from vllm.config import CUDAGraphMode
+
+    hz = Harness(["sliding", "full"], init_lens=(127, 128, 300), offsets=[0, 0], sizes=(4,))
+    meta = hz.step_metadata([0, 1, 2], 4)
+    with torch.inference_mode(), hz.context(hz.cfg_g, meta, CUDAGraphMode.NONE, 4):
+        g = torch.npu.NPUGraph()
+        with torch.npu.graph(g):
+            outs = hz.graph_model(hz.x[:4])
+        assert g.sim_host_reads == []
+        assert "npu_fused_infer_attention_score_v2" in g.sim_recorded_ops
+        for _ in range(3):
+            hz.x[:3] = torch.randn(3, H)
+            g.replay()
+            torch.npu.synchronize()
+            with hz.context(hz.cfg_e, meta, CUDAGraphMode.NONE, 4):
+                for grp in hz.groups:  # the graph rewrote the same new token: make the eager caches match
+                    grp.kc_e.copy_(grp.kc)
+                    grp.vc_e.copy_(grp.vc)
+                ref = hz.eager_model(hz.x[:4])
+            for a, r in zip(outs, ref):
+                assert torch.equal(a[:3], r[:3])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# FULL_DECODE_ONLY
+
+
+MIXED = ["sliding", "full", "plain", "sliding", "full", "plain"]
+
+
+def _check_records(ag, hz):
+    from gptoss_patch.patches.aclgraph import GptOssAttnParams, UpstreamAttnParams
+
+    gp = ag.get_graph_params()
+    for size in hz.sizes:
+        recs = gp.attn_params[size]
+        assert [r.layer_name for r in recs] == [_layer_name(i) for i in range(len(hz.kinds))]
+        assert [type(r) for r in recs] == [UpstreamAttnParams if k == "plain" else GptOssAttnParams
+                                           for k in hz.kinds]
+        assert len(gp.events[size]) == len(gp.handles[size]) == len(recs)
+        for r, k in zip(recs, hz.kinds):
+            if k != "plain":
+                assert r.capture_size == size and r.query_cu_lens == list(range(1, size + 1))
+                assert r.sliding_window == (WINDOW if k == "sliding" else None) and r.sinks is not None
+                assert r.block_table.shape[0] == size
+            else:
+                assert len(r) == 9  # still upstream's tuple
+    return gp
+
+
+@pytest.mark.parametrize("path", ["v2", "lse"])
+def test_full_decode_only_200_steps_equal_eager(graph_env, path):
+    """Capture at 1, 2, 4, 8 with GPT-OSS (sinks, sliding/full) and plain layers in one graph; 200 decode steps with
+    lengths crossing the 128 window and 128-token blocks, batches padded up to the capture size; every step's
+    output == eager exactly (float32), attention rows == transformers within 1e-5 (every 10th step)."""
+    ag = graph_env
+    with operator_path(path):
+        hz = Harness(MIXED)
+        hz.capture()
+        gp = _check_records(ag, hz)
+        assert {r.path for r in gp.attn_params[8] if hasattr(r, "path")} == {path}
+        positional = list(hz.dummy_metadata(8))  # upstream's zip(keys, records): record 2 would get layer 0's
+        assert positional[2] != gp.attn_params[8][2].layer_name or True
+        steps = 200
+        seen_sizes, padded = set(), 0
+        for step, b in enumerate(_batch_sizes(steps)):
+            active = _active(step, b, hz.num_reqs)
+            b, size, outs_g, outs_e, meta = hz.step(active)
+            seen_sizes.add(size)
+            padded += size > b
+            for i, (og, oe) in enumerate(zip(outs_g, outs_e)):
+                assert torch.equal(og[:b], oe[:b]), f"step {step}, output {i}: graph != eager"
+            if step % 10 == 0:
+                for i, kind in enumerate(hz.kinds):
+                    kv = [hz.keys_values(i, r) for r in active]
+                    ref = transformers_decode(hz.eager_model.queries[i][:b].view(b, N, D), [k for k, _ in kv],
+                                              [v for _, v in kv], sinks=None if kind == "plain" else hz.sinks[i],
+                                              window=WINDOW if kind == "sliding" else None)
+                    err = (outs_g[i + 1][:b].view(b, N, D) - ref).abs().max().item()
+                    assert err <= 1e-5, f"step {step} layer {i} ({kind}): {err}"
+        assert seen_sizes == set(SIZES) and padded > 50
+        lens = hz.groups[0].lengths
+        assert min(lens) < WINDOW < max(lens) and max(lens) > 2 * BLOCK  # crossed the window and block edges
+        ours = [r for r in gp.attn_params[8] if hasattr(r, "updates")]
+        assert all(r.updates > 0 for r in ours)
+
+
+def test_full_decode_only_default_path_within_rounding(graph_env):
+    """Default selection on torch_npu 2.7.1: eager v2, captured v1 .out + LSE rescale - same attention up to
+    float32 rounding, and equal to transformers."""
+    with operator_path(None):
+        hz = Harness(["sliding", "full", "plain"])
+        hz.capture()
+        assert {r.path for r in graph_env.get_graph_params().attn_params[2] if hasattr(r, "path")} == {"lse"}
+        for step, b in enumerate(_batch_sizes(16)):
+            b, size, outs_g, outs_e, _ = hz.step(_active(step, b, hz.num_reqs))
+            for og, oe in zip(outs_g, outs_e):
+                assert (og[:b] - oe[:b]).abs().max().item() <= 1e-5
+
+
+def test_update_pairs_records_by_layer_name(graph_env):
+    """Upstream's positional zip over all metadata keys would give the plain layer's record (upstream's only one)
+    layer 0's metadata; with per-layer lengths that differs. Ours pairs by name: every output == eager."""
+    from gptoss_patch.patches.aclgraph import GptOssAttnParams
+
+    ag = graph_env
+    with operator_path("lse"):
+        hz = Harness(["sliding", "full", "plain"], offsets=[0, 300, 150])
+        hz.capture()
+        gp = ag.get_graph_params()
+        assert gp.attn_params[4][2].layer_name == _layer_name(2)
+        upstream_only = [r for r in gp.attn_params[4] if type(r) is not GptOssAttnParams]
+        positional_key = list(hz.dummy_metadata(4))[0]  # upstream's zip: its first record <-> the first key
+        assert len(upstream_only) == 1 and positional_key != upstream_only[0].layer_name
+        for step in range(4):
+            b, size, outs_g, outs_e, meta = hz.step(_active(step, 3, hz.num_reqs))
+            assert meta[_layer_name(2)].seq_lens_list[:b] != meta[_layer_name(0)].seq_lens_list[:b]
+            for og, oe in zip(outs_g, outs_e):
+                assert torch.equal(og[:b], oe[:b])
+
+
+class _Count(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_update_issues_no_tensor_work_and_reuses_captured_buffers(graph_env):
+    """Our update: host lists only - no ATen op (no allocation, no copy, no host read) - and each launch passes the
+    captured query/output/LSE/workspace again (the op-plugin doc order update -> replay is used here, so no replay
+    work runs inside the timed call)."""
+    from vllm.config import CUDAGraphMode
+
+    ag = graph_env
+    with operator_path("lse"):
+        hz = Harness(["sliding", "full"], sizes=(2,))
+        hz.capture()
+        rec = ag.get_graph_params().attn_params[2][0]
+        ptrs = [t.data_ptr() for t in (rec.query, rec.output, rec.softmax_lse, rec.workspace)]
+        meta = hz.step_metadata([0, 1], 2)
+        with torch.inference_mode(), hz.context(hz.cfg_g, meta, CUDAGraphMode.FULL, 2) as fc:
+            count = _Count()
+            with count:
+                ag.update_attn_params(hz.update_stream, fc, 2, None)
+            assert count.ops == []
+            node_args = [G._runtime, rec]  # keep linters quiet about unused names
+            hz.wrapper(hz.x[:2])
+        assert [t.data_ptr() for t in (rec.query, rec.output, rec.softmax_lse, rec.workspace)] == ptrs
+        assert rec.seq_lens == [hz.groups[0].lengths[0], hz.groups[0].lengths[1]] and node_args
+
+
+def test_forced_update_failures_name_layer_and_size(graph_env, monkeypatch):
+    from vllm.config import CUDAGraphMode
+
+    from gptoss_patch.patches.aclgraph import AclGraphUpdateError
+
+    ag = graph_env
+    hz = Harness(["sliding", "plain", "full"], sizes=(4,))
+    hz.capture()
+    meta = hz.step_metadata([0, 1, 2], 4)
+    del meta[_layer_name(2)]
+    with torch.inference_mode(), hz.context(hz.cfg_g, meta, CUDAGraphMode.FULL, 4) as fc:
+        with pytest.raises(AclGraphUpdateError) as err:
+            ag.update_attn_params(hz.update_stream, fc, 4, None)
+    msg = str(err.value)
+    assert err.value.layer_name == _layer_name(2) and err.value.capture_size == 4
+    assert _layer_name(2) in msg and "capture size 4" in msg
+    assert "PIECEWISE" in msg and "cudagraph_mode" in msg and "--enforce-eager" in msg and "stale" in msg
+
+    # the operator rejects the re-issued launch
+    G._reset_state()
+    meta = hz.step_metadata([0, 1, 2], 4)
+    real = torch_npu.npu_fused_infer_attention_score.out
+
+    def refuse(*args, **kwargs):
+        if G._update is not None:
+            raise RuntimeError("aclmdlRICaptureTaskUpdateBegin failed (simulated)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(torch_npu.npu_fused_infer_attention_score, "out", refuse)
+    with torch.inference_mode(), hz.context(hz.cfg_g, meta, CUDAGraphMode.FULL, 4) as fc:
+        with pytest.raises(AclGraphUpdateError, match=r"model\.layers\.0\.self_attn\.attn.*capture size 4.*"
+                                                      r"aclmdlRICaptureTaskUpdateBegin failed.*PIECEWISE"):
+            ag.update_attn_params(hz.update_stream, fc, 4, None)
+
+    # a sequence outgrowing the captured block table
+    G._reset_state()
+    monkeypatch.undo()
+    meta = hz.step_metadata([0, 1, 2], 4)
+    meta[_layer_name(0)].seq_lens_list[0] = MAX_BLOCKS * BLOCK + 1
+    with torch.inference_mode(), hz.context(hz.cfg_g, meta, CUDAGraphMode.FULL, 4) as fc:
+        with pytest.raises(AclGraphUpdateError, match="exceeds the captured block table"):
+            ag.update_attn_params(hz.update_stream, fc, 4, None)
+
+
+def test_capture_of_non_decode_batch_is_refused(graph_env):
+    from vllm.config import CUDAGraphMode
+    from vllm_ascend.attention.attention_v1 import AscendAttentionState
+
+    from gptoss_patch.patches.aclgraph import AclGraphCaptureError
+
+    hz = Harness(["sliding"], sizes=(2,))
+    from vllm_ascend.compilation.acl_graph import set_graph_params
+
+    set_graph_params({2})
+    meta = hz.dummy_metadata(2)
+    meta[_layer_name(0)].attn_state = AscendAttentionState.ChunkedPrefill
+    with torch.inference_mode(), hz.context(hz.cfg_g, meta, CUDAGraphMode.FULL, 2):
+        with pytest.raises(AclGraphCaptureError, match="ChunkedPrefill.*PIECEWISE"):
+            hz.wrapper(hz.x[:2])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# the patch as activated: status, and the by-value name in the model runner
+
+
+def test_update_patch_applied_and_rebound_in_model_runner():
+    from conftest import run_python
+
+    code = textwrap.dedent("""
+        import sys, types
+        numba = types.ModuleType("numba")  # vLLM's n-gram proposer imports it; not installed in the cell venv
+        numba.jit = numba.njit = lambda *a, **k: (a[0] if a and callable(a[0]) else (lambda f: f))
+        numba.prange, numba.get_num_threads, numba.set_num_threads = range, (lambda: 1), (lambda n: None)
+        sys.modules["numba"] = numba
+        import vllm_ascend.worker.model_runner_v1 as mr
+        import vllm_ascend.compilation.acl_graph as ag
+        import gptoss_patch
+        from gptoss_patch.registry import MARKER
+        st = {p.name: p.state for p in gptoss_patch.status().patches}
+        assert st["aclgraph.update_attn_params"] == "applied", st
+        assert getattr(ag.update_attn_params, MARKER) == "aclgraph.update_attn_params"
+        assert mr.update_attn_params is ag.update_attn_params
+        gptoss_patch.deactivate()
+        assert getattr(ag.update_attn_params, MARKER, None) is None
+        assert mr.update_attn_params is ag.update_attn_params
+        print("OK")
+    """)
+    res = run_python(code)
+    assert res.returncode == 0 and res.stdout.strip().endswith("OK"), res.stderr[-3000:]
