@@ -48,6 +48,8 @@ LAYOUTS: dict[str, dict[str, str]] = {
         "moe_fused_experts": "vllm_ascend.ops.moe.moe_comm_method:MoECommMethod.fused_experts",
         "moe_unified_apply_mlp_011": "vllm_ascend.ops.moe.moe_mlp:unified_apply_mlp",
         "moe_comm_method_module": "vllm_ascend.ops.moe.moe_comm_method",  # imports unified_apply_mlp by value
+        "moe_unquant_process_weights": (
+            "vllm_ascend.ops.common_fused_moe:AscendUnquantizedFusedMoEMethod.process_weights_after_loading"),
         "aclgraph_update_attn_params": "vllm_ascend.compilation.acl_graph:update_attn_params",
         "model_runner_module": "vllm_ascend.worker.model_runner_v1",  # imports update_attn_params by value
     },
@@ -56,7 +58,7 @@ LAYOUTS: dict[str, dict[str, str]] = {
 #: Which patches (by name, see gptoss_patch.patches) each layout family needs.
 LAYOUT_PATCHES: dict[str, tuple[str, ...]] = {
     "B": ("attention.keep_sinks", "attention.sink_window_forward", "rope.yarn_truncate", "moe.unquant_apply", "moe.fused_experts",
-          "moe.apply_mlp", "aclgraph.update_attn_params"),
+          "moe.apply_mlp", "aclgraph.update_attn_params", "weights.pad_moe_intermediate"),
 }
 
 

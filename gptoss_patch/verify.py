@@ -8,6 +8,8 @@ patch, and proves activation the way a real deployment sees it: in a fresh child
 Usage::
 
     python -m gptoss_patch.verify [--json] [--simulate] [--matrix] [--no-children]
+                                  [--model DIR [--tensor-parallel-size N]]
+    python -m gptoss_patch.verify --server URL [--model SERVED_NAME] [--json]
 
 Exit status: 0 when the stack is covered (decision *apply* with every patch applied, or
 *stand-down*) and every check passed; 1 when something is wrong (including vllm-ascend not
@@ -162,6 +164,54 @@ def run_main_job(steps: int = 32, timeout: float = 1800.0) -> dict[str, Any]:
     return {"ok": False, "error": f"main job exited {proc.returncode}: {' | '.join(tail)}"}
 
 
+def model_report(model_dir: str, tensor_parallel_size: int = 1) -> dict[str, Any]:
+    """What the GPT-OSS checkpoint in ``model_dir`` (its ``config.json``) needs at ``tensor_parallel_size``.
+
+    For now: the MoE weight padding of :mod:`gptoss_patch.patches.weights` - the per-rank expert intermediate size,
+    the NZ-aligned size (multiple of 16) and whether the installed vllm-ascend casts bf16 MoE weights to FRACTAL_NZ
+    (:data:`gptoss_patch.kernels.padding.NZ_RULES`), i.e. whether the padding applies.
+
+    Raises:
+        OSError / ValueError: no readable ``config.json``; a config without the MoE fields; a TP size that does not
+            divide the intermediate size (vLLM refuses it too).
+    """
+    from gptoss_patch import environment
+    from gptoss_patch.kernels.padding import moe_rank_layout, nz_rule
+    from gptoss_patch.patches.weights import ALWAYS, NEVER, POLICY_ENV, pad_policy
+
+    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as fh:
+        cfg = json.load(fh)
+    try:
+        experts, hidden, inter = cfg["num_local_experts"], cfg["hidden_size"], cfg["intermediate_size"]
+    except KeyError as exc:
+        raise ValueError(f"{model_dir}/config.json has no {exc.args[0]!r}: not a GPT-OSS config") from None
+    lay = moe_rank_layout(experts, hidden, inter, tensor_parallel_size)
+    va = environment.installed_versions().vllm_ascend
+    rule = nz_rule(va) if va else None
+    env_nz = int(os.environ.get("VLLM_ASCEND_ENABLE_NZ", "1") or 1)
+    quant = (cfg.get("quantization_config") or {}).get("quant_method")
+    policy = pad_policy()
+    if lay.padded is None:
+        applies = "no: already a multiple of 16"
+    elif policy in (ALWAYS, NEVER):
+        applies = ("yes" if policy == ALWAYS else "no") + f" ({POLICY_ENV}={policy})"
+    elif rule is None:
+        applies = f"when the weights are cast to FRACTAL_NZ (vllm-ascend {va or 'not installed'}: rule unknown)"
+    elif rule.casts(env_nz, eagle=False):
+        applies = f"yes (vllm-ascend {va} casts bf16 MoE weights to FRACTAL_NZ: {rule.text}; " \
+                  f"VLLM_ASCEND_ENABLE_NZ={env_nz})"
+    elif rule.casts(env_nz, eagle=True):
+        applies = (f"only with eagle/eagle3 speculative decoding (then vllm-ascend {va} casts bf16 MoE weights to "
+                   f"FRACTAL_NZ; VLLM_ASCEND_ENABLE_NZ={env_nz})")
+    else:
+        applies = (f"no (vllm-ascend {va} keeps bf16 MoE weights in ND with VLLM_ASCEND_ENABLE_NZ={env_nz}: "
+                   f"{rule.text})")
+    return {"model": model_dir, "model_type": cfg.get("model_type"), "quantization": quant,
+            "num_hidden_layers": cfg.get("num_hidden_layers"), "num_local_experts": experts, "hidden_size": hidden,
+            "intermediate_size": inter, "tensor_parallel_size": tensor_parallel_size,
+            "moe_intermediate_per_rank": lay.intermediate, "moe_padded_to": lay.padded, "moe_padding": applies}
+
+
 def _print_human(report: dict[str, Any]) -> None:
     st = report["status"]
     v = st["versions"]
@@ -195,6 +245,18 @@ def _print_human(report: dict[str, Any]) -> None:
         print(f"    conversation 0 decoded: {job['decoded_first'][:120]!r}")
         print(f"    harmony channels: {job['harmony_parse']}")
         print(f"    time (s): {job['seconds']}")
+    m = report.get("model")
+    if m:
+        print(f"  model {m['model']}: {m['model_type']}, {m['num_hidden_layers']} layers, {m['num_local_experts']} "
+              f"experts, hidden {m['hidden_size']}, intermediate {m['intermediate_size']}"
+              + (f", quantization {m['quantization']}" if m["quantization"] else ""))
+        size = (f"{m['moe_intermediate_per_rank']} -> padded to {m['moe_padded_to']}" if m["moe_padded_to"]
+                else f"{m['moe_intermediate_per_rank']}")
+        print(f"    tensor parallel {m['tensor_parallel_size']}: MoE intermediate per rank {size}; padding: "
+              f"{m['moe_padding']}")
+    if report.get("checkpoint"):  # operations kit (issue 9)
+        for line in _checkpoint_lines(report["checkpoint"]):
+            print("  " + line)
     if report["problems"]:
         print("  PROBLEMS:")
         for p in report["problems"]:
@@ -221,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="run on the CPU NPU simulator (hosts without an NPU; sets GPTOSS_PATCH_SIMULATE_NPU=1)")
     ap.add_argument("--matrix", action="store_true", help="print the version matrix and exit")
     ap.add_argument("--no-children", action="store_true", help="skip the fresh-interpreter and spawn checks")
+    ap.add_argument("--model", metavar="DIR", help="a GPT-OSS checkpoint directory: report what it needs (config.json)")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N", help="with --model (default 1)")
+    _add_server_arguments(ap)  # operations kit (issue 9)
     try:
         args = ap.parse_args(argv)
     except SystemExit as exc:
@@ -236,12 +301,80 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         # stdout must stay one JSON document: vLLM logs to stdout unless told otherwise (vllm/envs.py)
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
+    if args.server:  # operations kit (issue 9): probe a running server only, no local stack checks
+        return _server_main(args)
     report = collect(simulate=args.simulate, children=not args.no_children)
+    if args.model:
+        _checkpoint_section(report, args.model, args.tensor_parallel_size)  # operations kit (issue 9)
+    if args.model:
+        try:
+            report["model"] = model_report(args.model, args.tensor_parallel_size)
+        except (OSError, ValueError) as exc:
+            report["problems"].append(f"--model {args.model}: {exc}")
+            report["ok"] = False
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
         _print_human(report)
     return 0 if report["ok"] else 1
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Operations kit (issue 9): checkpoint checks (gptoss_patch.checkpoint) for --model, server probe
+# (gptoss_patch.server_probe) for --server. Kept apart from the stack checks above.
+
+
+def _add_server_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--server", metavar="URL",
+                    help="probe a running OpenAI-compatible server instead of this host's stack (one chat and one raw "
+                         "completion at temperature 0); --model then names the served model (default: first listed)")
+    ap.add_argument("--chat-max-tokens", type=int, default=512, metavar="N",
+                    help="with --server: token budget of the chat probe (GPT-OSS reasons first; default 512)")
+    ap.add_argument("--server-timeout", type=float, default=120.0, metavar="S",
+                    help="with --server: seconds per request (default 120)")
+
+
+def _checkpoint_section(report: dict[str, Any], model_dir: str, tensor_parallel_size: int) -> None:
+    """Add :func:`gptoss_patch.checkpoint.check_checkpoint` of ``model_dir`` to ``report`` (key ``checkpoint``)."""
+    from gptoss_patch.checkpoint import check_checkpoint
+
+    try:
+        check = check_checkpoint(model_dir, tp=tensor_parallel_size)
+    except (OSError, ValueError, ImportError) as exc:
+        report["problems"].append(f"checkpoint {model_dir}: {exc}")
+        report["ok"] = False
+        return
+    report["checkpoint"] = check.as_dict()
+    for problem in check.problems:
+        report["problems"].append(f"checkpoint: {problem}")
+    if check.problems:
+        report["ok"] = False
+
+
+def _checkpoint_lines(check: dict[str, Any]) -> list[str]:
+    from gptoss_patch.checkpoint import CheckReport
+
+    fields = {k: check[k] for k in ("directory", "tp", "problems", "warnings", "facts")}
+    return [line for line in CheckReport(**fields).lines() if not line.lstrip().startswith(("PROBLEM", "result"))]
+
+
+def _server_main(args: argparse.Namespace) -> int:
+    """``--server URL``: run :func:`gptoss_patch.server_probe.probe_server`; exit 0 ok, 1 problems, 2 bad input."""
+    from gptoss_patch.server_probe import probe_server
+
+    try:
+        probe = probe_server(args.server, args.model, timeout=args.server_timeout, chat_max_tokens=args.chat_max_tokens)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    report = {"server": probe.as_dict(), "problems": [f"server: {p}" for p in probe.problems], "ok": probe.ok}
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print("gptoss-patch verify --server")
+        for line in probe.lines():
+            print("  " + line)
+    return 0 if probe.ok else 1
 
 
 if __name__ == "__main__":

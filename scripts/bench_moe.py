@@ -102,8 +102,9 @@ def _build(cfg, w, dtype, args):
     e, h, i = args.experts, args.hidden, args.intermediate
     with vllm_setup.ascend_context(vllm_config=cfg, worker_patches=WORKER_PATCHES), set_default_torch_dtype(dtype):
         layer = FusedMoE(num_experts=e, top_k=4, hidden_size=h, intermediate_size=i, reduce_results=True,
-                         renormalize=True, quant_config=None, prefix="bench.experts", apply_router_weight_on_input=False,
-                         has_bias=True, activation="swigluoai", is_sequence_parallel=False)
+                         renormalize=True, quant_config=None, prefix="bench.experts",
+                         apply_router_weight_on_input=False, has_bias=True, activation="swigluoai",
+                         is_sequence_parallel=False)
         with torch.no_grad():  # as vLLM's GptOssModel._load_weights_other (TP = 1)
             layer.w13_weight.copy_(w["w13"].permute(0, 2, 1))
             layer.w2_weight.copy_(w["w2"].permute(0, 2, 1))
@@ -113,27 +114,35 @@ def _build(cfg, w, dtype, args):
     return layer
 
 
-def _time(cfg, layer, w, x, tokens, repeat):
+def _time(cfg, layer, w, x, tokens, repeat, variants):
+    """Per token count: one warm-up call per variant, then ``repeat`` rounds that call every variant once in turn
+    (interleaved, so load from other processes hits all variants alike). Returns ``{variant: {n: output}}`` and
+    ``{variant: {n: (min, median)}}`` in seconds. ``variants``: ``{name: context-manager factory or None}``."""
+    import contextlib
+
     import torch
     import torch.nn.functional as F
 
     from gptoss_patch.testing import vllm_setup
 
-    out, times = {}, {}
+    outs = {v: {} for v in variants}
+    samples = {v: {n: [] for n in tokens} for v in variants}
     with vllm_setup.ascend_context(vllm_config=cfg, worker_patches=WORKER_PATCHES), torch.no_grad():
         for n in tokens:
             xs = x[:n]
             logits = F.linear(xs, w["router_w"], w["router_b"])
-            samples = []
             for r in range(repeat + 1):
-                with vllm_setup.forward_context(cfg, n, with_prefill=False):
-                    t0 = time.perf_counter()
-                    y = layer(hidden_states=xs, router_logits=logits)
-                    dt = time.perf_counter() - t0
-                if r:
-                    samples.append(dt)
-            out[n], times[n] = y, statistics.median(samples)
-    return out, times
+                for name, ctx in variants.items():
+                    with (ctx() if ctx else contextlib.nullcontext()), \
+                            vllm_setup.forward_context(cfg, n, with_prefill=False):
+                        t0 = time.perf_counter()
+                        y = layer(hidden_states=xs, router_logits=logits)
+                        dt = time.perf_counter() - t0
+                    if r:
+                        samples[name][n].append(dt)
+                    outs[name][n] = y
+    times = {v: {n: (min(ts), statistics.median(ts)) for n, ts in per.items()} for v, per in samples.items()}
+    return outs, times
 
 
 class _Upstream:
@@ -172,31 +181,33 @@ def run(args) -> dict:
     layer = _build(cfg, w, dtype, args)
     native = not va_v.startswith("0.11")
     label = f"vllm-ascend {va_v} ({'native' if native else 'gptoss-patch'})"
-    out, times = _time(cfg, layer, w, x, args.tokens, args.repeat)
-    result = {"label": label, "times": times, "out": {n: y.float() for n, y in out.items()}}
+    variants = {"main": None}
     if not native and not args.no_upstream:
-        with _Upstream():
-            _, up_times = _time(cfg, layer, w, x, args.tokens, args.repeat)
-        result["upstream_times"] = up_times
+        variants["upstream"] = _Upstream
+    outs, times = _time(cfg, layer, w, x, args.tokens, args.repeat, variants)
+    result = {"label": label, "times": times["main"], "out": {n: y.float() for n, y in outs["main"].items()}}
+    if "upstream" in times:
+        result["upstream_times"] = times["upstream"]
     return result
 
 
 def _report(res, other=None):
     e = ARGS.experts
     print(f"GPT-OSS MoE layer, E={e} top-4, hidden {ARGS.hidden}, intermediate/rank {ARGS.intermediate}, "
-          f"{ARGS.dtype}, AllGather, median of {ARGS.repeat} host-timed calls (CPU simulator)")
-    cols = [res["label"]] + (["0.11 upstream (wrong)"] if "upstream_times" in res else []) + (
+          f"{ARGS.dtype}, AllGather; host ms per call, min / median of {ARGS.repeat} (CPU simulator)")
+    cols = [res["label"]] + (["0.11 upstream, unpatched (wrong)"] if "upstream_times" in res else []) + (
         [other["label"]] if other else [])
     print(f"{'tokens':>7} | " + " | ".join(f"{c:>34}" for c in cols))
     for n in ARGS.tokens:
         cells = [res["times"][n]] + ([res["upstream_times"][n]] if "upstream_times" in res else []) + (
             [other["times"][n]] if other else [])
-        print(f"{n:>7} | " + " | ".join(f"{t * 1e3:>31.2f} ms" for t in cells))
+        print(f"{n:>7} | " + " | ".join(f"{lo * 1e3:>15.2f} / {med * 1e3:>9.2f} ms" for lo, med in cells))
     if other:
         for n in ARGS.tokens:
             a, b = res["out"][n], other["out"][n]
             rel = ((a - b).abs().max() / b.abs().max()).item()
-            print(f"  tokens {n:>4}: max|{res['label'].split()[1]} - {other['label'].split()[1]}| / max|out| = {rel:.2e}"
+            mine, theirs = res["label"].split()[1], other["label"].split()[1]
+            print(f"  tokens {n:>4}: max|{mine} - {theirs}| / max|out| = {rel:.2e}"
                   f"{'  (bit-identical)' if torch_equal(a, b) else ''}")
 
 

@@ -227,7 +227,8 @@ def grouped_expert_mlp(
         activation: ``"swigluoai"`` or ``"silu"`` (string or enum member, :func:`normalize_activation`).
         w1_bias: ``(E, 2I)`` or ``None``; ``w2_bias``: ``(E, H)`` or ``None``. With tensor parallelism vLLM's loader
             keeps ``w2_bias`` on TP rank 0 only (zeros elsewhere), so the all-reduce adds it once.
-        topk_scales: ``(M, 1)`` per-row routing weights applied after the activation (PanguProMoE dispatcher), or ``None``.
+        topk_scales: ``(M, 1)`` per-row routing weights applied after the activation (PanguProMoE dispatcher) or
+            ``None``.
         need_trans: the weights are ``(E, out, in)`` and are used through a transposed view (upstream's flag).
 
     Returns:

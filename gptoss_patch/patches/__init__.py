@@ -12,10 +12,10 @@ from gptoss_patch.registry import PatchSpec
 
 def all_specs() -> dict[str, PatchSpec]:
     """Every declared patch by name (imports the capability modules; they import nothing heavy)."""
-    from gptoss_patch.patches import aclgraph, attention, moe, rope
+    from gptoss_patch.patches import aclgraph, attention, moe, rope, weights
 
     specs: dict[str, PatchSpec] = {}
-    for module in (attention, moe, rope, aclgraph):
+    for module in (attention, moe, rope, aclgraph, weights):
         for spec in module.PATCHES:
             if spec.name in specs:
                 raise RuntimeError(f"patch name {spec.name!r} declared twice")

@@ -52,7 +52,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gptoss_patch.registry import MARKER, PatchSpec
+from gptoss_patch.registry import PatchSpec
 
 PATCH_NAME = "aclgraph.update_attn_params"
 
@@ -189,13 +189,28 @@ def _weak(t: Any) -> Any:
 def _check_update_patched(layer_name: str, size: int) -> None:
     """Refuse to capture a record nobody would update (the patch off, or the model runner's by-value name stale)."""
     acl_graph = _acl_graph()
-    if getattr(acl_graph.update_attn_params, MARKER, None) != PATCH_NAME:
+    if not is_patched(acl_graph.update_attn_params):
         raise AclGraphCaptureError(layer_name, size, f"the patch {PATCH_NAME} is not applied, so the captured "
                                                      "lengths would never be updated")
     runner = sys.modules.get("vllm_ascend.worker.model_runner_v1")
     if runner is not None and getattr(runner, "update_attn_params", None) is not acl_graph.update_attn_params:
         raise AclGraphCaptureError(layer_name, size, "vllm_ascend.worker.model_runner_v1.update_attn_params is not "
                                                      "the patched function (rebinding failed)")
+
+
+def is_patched(fn: Any) -> bool:
+    """True when ``fn`` is (or wraps, through wrapt proxies) our update wrapper.
+
+    Checked through the wrapper chain, not :data:`~gptoss_patch.registry.MARKER`: setting an attribute on a
+    ``wrapt.FunctionWrapper`` forwards it to the wrapped function, so the original carries the marker too.
+    """
+    for _ in range(8):
+        if fn is None:
+            return False
+        if getattr(fn, "_self_wrapper", None) is _update_attn_params:
+            return True
+        fn = getattr(fn, "__wrapped__", None)
+    return False
 
 
 def _workspace(gp: Any, key: tuple, make: Callable[[], Any]) -> Any:

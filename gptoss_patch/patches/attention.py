@@ -119,7 +119,8 @@ def sink_window_forward(impl: Any, layer: Any, query: Any, key: Any, value: Any,
     Writes the new K/V into the paged cache (``_npu_reshape_and_cache``, as upstream), then computes
     the first ``actual_seq_lengths_q[-1]`` query rows with one fused call over the cache and writes
     them into ``output`` (the buffer vLLM reads). With no KV cache (vLLM's profiling run) the
-    output is zero-filled like upstream's ``attn_metadata is None`` branch. While a full ACL graph is
+    output is zero-filled like upstream's ``attn_metadata is None`` branch. A decode batch padded to
+    a graph size computes every row (padding rows are zero), as the captured launch does. While a full ACL graph is
     being captured (FULL_DECODE_ONLY), the attention is captured instead as one updatable task over
     all ``T`` rows (:func:`gptoss_patch.patches.aclgraph.capture_decode`).
 
@@ -159,17 +160,30 @@ def sink_window_forward(impl: Any, layer: Any, query: Any, key: Any, value: Any,
     if aclgraph.capturing():  # FULL_DECODE_ONLY capture: one updatable launch over all T rows
         aclgraph.capture_decode(impl, layer, q, out3, attn_metadata)
         return out3.view(num_tokens, n * d)
-    # Host lists (no device sync). A padded decode batch (graph capture sizes) has one more seq_lens entry
-    # than query offsets in vllm-ascend 0.11's builder; the batch is the query offsets' count.
+    # Host lists (no device sync). A padded decode batch (graph capture sizes) has more seq_lens entries
+    # than query offsets in vllm-ascend 0.11's builder (its query offsets stop one row short of the padding).
     q_cu = attn_metadata.actual_seq_lengths_q
+    kv_lens = attn_metadata.seq_lens_list
+    rows = min(num_tokens, attn_metadata.block_tables.shape[0])
+    if attn_metadata.attn_state == _decode_only() and q_cu[-1] < rows:
+        # Padded decode batch (PIECEWISE, or a full-graph size run eagerly): cover every row like the captured
+        # launch does (padding rows = one-token sequences with KV length 0 -> zero rows), so eager and graph
+        # make the same launch and round identically.
+        q_cu, kv_lens = kernels.decode_launch_lengths(q_cu, kv_lens, num_actual, rows)
     batch = len(q_cu)
     used = q_cu[-1]
     kernels.sink_window_attention(
         q[:used], impl.key_cache, impl.value_cache, block_table=attn_metadata.block_tables[:batch],
-        query_cu_lens=q_cu, kv_lens=attn_metadata.seq_lens_list[:batch], num_heads=n, num_kv_heads=kvn,
+        query_cu_lens=q_cu, kv_lens=kv_lens[:batch], num_heads=n, num_kv_heads=kvn,
         scale=impl.scale,
         sinks=impl.sinks, sliding_window=impl.sliding_window, out=out3[:used])
     return out3.view(num_tokens, n * d)
+
+
+def _decode_only() -> Any:
+    from vllm_ascend.attention.attention_v1 import AscendAttentionState
+
+    return AscendAttentionState.DecodeOnly
 
 
 PATCHES = [

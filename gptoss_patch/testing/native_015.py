@@ -65,6 +65,7 @@ WORKER_PATCHES_APPLIED = (
 )
 
 BLOCK_SIZE = 128  # AscendAttentionBackend.get_supported_kernel_block_sizes() in 0.15.0rc1
+NULL_BLOCK = 0  # vllm/v1/core/block_pool.py: BlockPool.null_block is block 0
 
 _lock = threading.Lock()
 _context: dict[str, Any] = {}
@@ -174,7 +175,8 @@ def build_case(cfg, seqs: Sequence[tuple[int, int]], *, num_heads: int, num_kv_h
         seqs: per sequence ``(context_len, new_len)``: tokens already in the KV cache, tokens computed now.
         num_heads / num_kv_heads / head_dim: per-rank attention geometry (GQA ``num_heads // num_kv_heads``).
         dtype: q/k/v and KV-cache dtype.
-        seed: generator seed; physical KV blocks are assigned in shuffled order, unused cache rows are random.
+        seed: generator seed; physical KV blocks are assigned in shuffled order, unused cache rows are random,
+            except block :data:`NULL_BLOCK`, which is all zeros and never assigned (vLLM's null block).
         sliding_window: selects the KV-cache spec given to the builder (``SlidingWindowSpec`` as vLLM 0.15's
             ``Attention.get_kv_cache_spec`` makes for SW layers, else ``FullAttentionSpec``); 0.15's builder
             does not read it, but it is what the model runner passes.
@@ -193,10 +195,12 @@ def build_case(cfg, seqs: Sequence[tuple[int, int]], *, num_heads: int, num_kv_h
     bs = BLOCK_SIZE
     n_blocks_each = [-(-(c + n) // bs) for c, n in seqs]
     total_blocks = sum(n_blocks_each) + 2
-    perm = torch.randperm(total_blocks, generator=g)
+    perm = 1 + torch.randperm(total_blocks - 1, generator=g)  # block 0 is vLLM's null block, never assigned
     block_table = torch.zeros(len(seqs), max(n_blocks_each), dtype=torch.int32)
     k_cache = torch.randn(total_blocks, bs, num_kv_heads, head_dim, generator=g).to(dtype)  # garbage outside seqs
     v_cache = torch.randn(total_blocks, bs, num_kv_heads, head_dim, generator=g).to(dtype)
+    k_cache[NULL_BLOCK] = 0  # vLLM's BlockPool reserves block 0 as the null block; vllm-ascend 0.15 allocates the
+    v_cache[NULL_BLOCK] = 0  # KV cache with torch.zeros (model_runner_v1.py) and no slot ever maps into it
     q_parts, k_parts, v_parts, slots, full_k, full_v = [], [], [], [], [], []
     nxt = 0
     for i, (c, n) in enumerate(seqs):

@@ -16,53 +16,24 @@ The reference is transformers' ``GptOssForCausalLM`` in float32 on the same chec
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 
 
-@contextlib.contextmanager
 def ascend_context(checkpoint: str | os.PathLike, *, dtype: str = "bfloat16", max_model_len: int = 2048,
-                   **engine_args: Any) -> Iterator[Any]:
-    """vLLM + vllm-ascend set up in this process as ``NPUWorker.__init__`` does; yields the ``VllmConfig``.
+                   **engine_args: Any):
+    """vLLM + vllm-ascend worker state as ``NPUWorker.__init__`` sets it up; yields the ``VllmConfig``.
 
-    Requires the NPU simulator (``npu_sim.install()``) or a real NPU. World size 1, gloo backend.
+    See :func:`gptoss_patch.testing.vllm_setup.ascend_context` (world size 1, gloo, the NPU simulator).
     """
-    from vllm.config import set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
-    from vllm.engine.arg_utils import EngineArgs
+    from gptoss_patch.testing import vllm_setup
 
-    args = EngineArgs(model=str(checkpoint), dtype=dtype, enforce_eager=True, max_model_len=max_model_len,
-                      skip_tokenizer_init=True, block_size=128, **engine_args)
-    config = args.create_engine_config()
-    with set_current_vllm_config(config):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method=f"file://{tempfile.mktemp(prefix='gptoss-dist-')}")
-        initialize_model_parallel(1, 1)
-        from vllm_ascend import ops
-        from vllm_ascend.ascend_config import init_ascend_config
-        from vllm_ascend.distributed.parallel_state import init_ascend_model_parallel
-        from vllm_ascend.utils import adapt_patch, init_ascend_soc_version, is_enable_nz, register_ascend_customop
-
-        init_ascend_model_parallel(config.parallel_config)
-        adapt_patch()
-        is_enable_nz(vllm_config=config)
-        ops.register_dummy_fusion_op()
-        register_ascend_customop(config)
-        init_ascend_config(config)
-        init_ascend_soc_version()
-        try:
-            yield config
-        finally:
-            destroy_model_parallel()
-            destroy_distributed_environment()
+    return vllm_setup.ascend_context(checkpoint, dtype=dtype, max_model_len=max_model_len, **engine_args)
 
 
 @dataclass
@@ -102,7 +73,6 @@ class SimulatedGptOss:
     block_size = 128
 
     def __init__(self, config: Any, *, num_blocks: int = 64, token_budget: int = 256):
-        from vllm.model_executor.model_loader import get_model_loader
         from vllm.v1.worker.utils import bind_kv_cache
         from vllm_ascend.attention.attention_mask import AttentionMaskBuilder
         from vllm_ascend.attention.attention_v1 import AscendAttentionMetadataBuilder
@@ -110,8 +80,9 @@ class SimulatedGptOss:
         self.config = config
         self.token_budget = token_budget
         t0 = time.perf_counter()
-        self.model = get_model_loader(config.load_config).load_model(vllm_config=config,
-                                                                     model_config=config.model_config)
+        from gptoss_patch.testing import vllm_setup
+
+        self.model = vllm_setup.load_model(config)
         self.load_seconds = time.perf_counter() - t0
         self.dtype = config.model_config.dtype
         from vllm.attention import Attention
@@ -173,10 +144,9 @@ class SimulatedGptOss:
     @torch.inference_mode()  # as vLLM's worker runs execute_model
     def step(self, reqs: Sequence[Request]) -> int:
         """Run one scheduled step over ``reqs``; returns the number of tokens computed (0 when all done)."""
-        from vllm_ascend.ascend_forward_context import set_ascend_forward_context
         from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
-        from vllm_ascend.ops.moe.moe_comm_method import MoECommType
 
+        from gptoss_patch.testing import vllm_setup
         from gptoss_patch.testing.attention_case import attn_state_for
 
         plan = self._schedule(reqs)
@@ -216,10 +186,9 @@ class SimulatedGptOss:
         per_layer = {name: md for name in self.layer_names}
         input_ids = torch.tensor(ids, dtype=torch.long)
         positions = torch.tensor(pos, dtype=torch.long)
-        with set_ascend_forward_context(per_layer, self.config, num_tokens=n_tok,
-                                        with_prefill=state.name != "DecodeOnly",
-                                        moe_comm_type=MoECommType.ALLGATHER, num_actual_tokens=n_tok,
-                                        model_instance=self.model):
+        # the MoE communication method the model runner would pick for this step (vllm_setup.select_moe_comm_type)
+        with vllm_setup.forward_context(self.config, n_tok, with_prefill=state.name != "DecodeOnly",
+                                        attn_metadata=per_layer):
             hidden = self.model(input_ids=input_ids, positions=positions)
         last = q_start[1:].long() - 1
         logits = self.model.compute_logits(hidden[last]).float()

@@ -8,7 +8,7 @@ a scheduler or worker processes, so tests and benchmarks can build real layers a
 * :func:`ascend_context` - context manager: process-wide distributed init (gloo, once per process) and the per-config
   vllm-ascend init (``adapt_patch``, ``is_enable_nz``, ``register_ascend_customop``, ``init_ascend_config``, SoC
   version), inside ``set_current_vllm_config``; yields the ``VllmConfig``;
-* :func:`load_model` - the model through vLLM's own loader (weights from the checkpoint, ``process_weights_after_loading``);
+* :func:`load_model` - the model through vLLM's own loader (checkpoint weights, ``process_weights_after_loading``);
 * :func:`forward_context` - vllm-ascend's forward context for ``num_tokens`` tokens, with the MoE communication method
   the model runner would pick (or the one you name).
 
@@ -64,10 +64,10 @@ def _prepare_process() -> None:
 
 
 def engine_config(checkpoint_dir: str | os.PathLike, **engine_args: Any):
-    """``vllm.engine.arg_utils.EngineArgs(model=checkpoint_dir, **ENGINE_DEFAULTS | engine_args).create_engine_config()``.
+    """``EngineArgs(model=checkpoint_dir, **ENGINE_DEFAULTS | engine_args).create_engine_config()`` (vLLM).
 
     Args:
-        checkpoint_dir: a Hugging Face checkpoint directory (e.g. from :func:`gptoss_patch.testing.tiny.write_checkpoint`).
+        checkpoint_dir: a Hugging Face checkpoint directory (e.g. :func:`gptoss_patch.testing.tiny.write_checkpoint`).
         engine_args: any ``EngineArgs`` field, e.g. ``dtype="float32"``, ``enable_expert_parallel=True``,
             ``tensor_parallel_size=2``.
 

@@ -86,10 +86,13 @@ def graph_env():
         mp.setattr(ag, "weak_ref_tensors", lambda t: t)
         mp.setattr(av, "weak_ref_tensors", lambda t: t)
         set_cudagraph_capturing_enabled(True)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # tiny operators: a second thread only costs synchronisation on 2 shared cores
         try:
             with torch.npu.stream(torch.npu.default_stream()):
                 yield ag
         finally:
+            torch.set_num_threads(threads)
             set_cudagraph_capturing_enabled(False)
             G._reset_state()
             ag._graph_params = saved
@@ -356,12 +359,16 @@ def test_out_variant_equals_eager_kernel_on_padded_batch(path, window):
     meta = case.metadata
     q = case.query.view(-1, N, D)
     with operator_path(path):
-        eager = torch.full((3, N, D), float("nan"))
-        kernels.sink_window_attention(q[:3], case.key_cache, case.value_cache, block_table=meta.block_tables[:3],
-                                      query_cu_lens=[1, 2, 3], kv_lens=meta.seq_lens_list[:3], num_heads=N,
-                                      num_kv_heads=KVN, scale=SCALE, sinks=sinks, sliding_window=window, out=eager)
         assert kernels.graph_path(True) == path  # forced paths hold for graphs too
         qc, kv = kernels.decode_launch_lengths(meta.actual_seq_lengths_q, meta.seq_lens_list, 3, 8)
+        eager = torch.full((8, N, D), float("nan"))
+        kernels.sink_window_attention(q, case.key_cache, case.value_cache, block_table=meta.block_tables,
+                                      query_cu_lens=qc, kv_lens=kv, num_heads=N, num_kv_heads=KVN, scale=SCALE,
+                                      sinks=sinks, sliding_window=window, out=eager)
+        real = torch.full((3, N, D), float("nan"))  # the real sequences alone
+        kernels.sink_window_attention(q[:3], case.key_cache, case.value_cache, block_table=meta.block_tables[:3],
+                                      query_cu_lens=[1, 2, 3], kv_lens=meta.seq_lens_list[:3], num_heads=N,
+                                      num_kv_heads=KVN, scale=SCALE, sinks=sinks, sliding_window=window, out=real)
         out = torch.full((8, N, D), float("nan"))
         lse = torch.empty(8, N, 1) if path == "lse" else torch.empty(1)
         ws = kernels.max_workspace(path, q, case.key_cache, case.value_cache, block_table=meta.block_tables,
@@ -372,8 +379,10 @@ def test_out_variant_equals_eager_kernel_on_padded_batch(path, window):
                                                 scale=SCALE, sinks=sinks, sliding_window=window, out=out,
                                                 softmax_lse=lse, workspace=ws)
     assert ret is out
-    assert torch.equal(out[:3], eager)
+    assert torch.equal(out, eager)  # same launch: identical, padding rows included
     assert torch.equal(out[3:], torch.zeros(5, N, D))  # padding rows: KV length 0 -> zero rows
+    # the same attention as the real rows alone (the LSE path's rescale rounds per tensor size: 1e-6)
+    assert (out[:3] - real).abs().max().item() <= 1e-6
 
 
 def test_graph_path_on_this_torch_npu():
@@ -427,7 +436,7 @@ class _OpLog(TorchDispatchMode):
 def test_piecewise_pieces_replay_around_eager_attention(graph_env):
     """Pieces split at ``unified_ascend_attention_with_output`` (as vLLM's split graph does): each piece is an
     ACLGraphWrapper(PIECEWISE) graph that allocates the attention output buffer; the splitting op runs eagerly and
-    writes into it; the next piece reads it. 40 decode steps across the window and a block boundary == eager."""
+    writes into it; the next piece reads it. 30 decode steps across the window and a block boundary == eager."""
     from vllm.config import CUDAGraphMode
     from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
 
@@ -469,16 +478,18 @@ def test_piecewise_pieces_replay_around_eager_attention(graph_env):
                 forward(hz.x[:size])
         assert all(len(p.concrete_aclgraph_entries) == 1 for p in pieces)
         bufs = None
-        for step in range(40):
+        for step in range(30):
             b = 3 if step % 2 else 4
             active = _active(step, b, hz.num_reqs)
             hz.x[:b] = torch.randn(b, H)
             hz.x[b:size] = 0
             meta = hz.step_metadata(active, size)
             log = _OpLog()
-            with hz.context(hz.cfg_g, meta, CUDAGraphMode.PIECEWISE, size), log:
+            with hz.context(hz.cfg_g, meta, CUDAGraphMode.PIECEWISE, size), (log if step == 0 else
+                                                                                 contextlib.nullcontext()):
                 h_g, attn_g = forward(hz.x[:size])
-            assert log.names.count("vllm.unified_ascend_attention_with_output.default") == len(kinds)
+            if step == 0:
+                assert log.names.count("vllm.unified_ascend_attention_with_output.default") == len(kinds)
             if bufs is None:
                 bufs = [a.data_ptr() for a in attn_g]
             assert [a.data_ptr() for a in attn_g] == bufs  # written in place: the pieces' own buffers
@@ -556,8 +567,6 @@ def test_full_decode_only_200_steps_equal_eager(graph_env, path):
         hz.capture()
         gp = _check_records(ag, hz)
         assert {r.path for r in gp.attn_params[8] if hasattr(r, "path")} == {path}
-        positional = list(hz.dummy_metadata(8))  # upstream's zip(keys, records): record 2 would get layer 0's
-        assert positional[2] != gp.attn_params[8][2].layer_name or True
         steps = 200
         seen_sizes, padded = set(), 0
         for step, b in enumerate(_batch_sizes(steps)):
@@ -644,10 +653,10 @@ def test_update_issues_no_tensor_work_and_reuses_captured_buffers(graph_env):
             with count:
                 ag.update_attn_params(hz.update_stream, fc, 2, None)
             assert count.ops == []
-            node_args = [G._runtime, rec]  # keep linters quiet about unused names
-            hz.wrapper(hz.x[:2])
+            hz.wrapper(hz.x[:2])  # replay after the update (op-plugin doc order): nothing waits
+            assert not hz.wrapper.concrete_aclgraph_entries[fc.batch_descriptor].aclgraph.sim_pending
         assert [t.data_ptr() for t in (rec.query, rec.output, rec.softmax_lse, rec.workspace)] == ptrs
-        assert rec.seq_lens == [hz.groups[0].lengths[0], hz.groups[0].lengths[1]] and node_args
+        assert rec.seq_lens == [hz.groups[0].lengths[0], hz.groups[0].lengths[1]] and rec.updates == 1
 
 
 def test_forced_update_failures_name_layer_and_size(graph_env, monkeypatch):
@@ -727,14 +736,14 @@ def test_update_patch_applied_and_rebound_in_model_runner():
         import vllm_ascend.worker.model_runner_v1 as mr
         import vllm_ascend.compilation.acl_graph as ag
         import gptoss_patch
-        from gptoss_patch.registry import MARKER
+        from gptoss_patch.patches.aclgraph import is_patched
         st = {p.name: p.state for p in gptoss_patch.status().patches}
         assert st["aclgraph.update_attn_params"] == "applied", st
-        assert getattr(ag.update_attn_params, MARKER) == "aclgraph.update_attn_params"
-        assert mr.update_attn_params is ag.update_attn_params
+        assert is_patched(ag.update_attn_params)
+        assert mr.update_attn_params is ag.update_attn_params  # the model runner's by-value name, rebound
         gptoss_patch.deactivate()
-        assert getattr(ag.update_attn_params, MARKER, None) is None
-        assert mr.update_attn_params is ag.update_attn_params
+        assert not is_patched(ag.update_attn_params)
+        assert mr.update_attn_params is ag.update_attn_params  # restored in both places
         print("OK")
     """)
     res = run_python(code)

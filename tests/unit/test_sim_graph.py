@@ -516,8 +516,6 @@ def _paged_setup(b=3, n=4, kvn=2, d=16, block=16, blocks=8, seed=0):
 
 
 def test_fia_out_update_of_kv_lengths():
-    if isinstance(torch_npu.npu_fused_infer_attention_score, NotEmulated):
-        pytest.skip("npu_fused_infer_attention_score not emulated yet")
     b, n, kvn, d, block = 3, 4, 2, 16, 16
     q, kc, vc, bt = _paged_setup(b, n, kvn, d, block)
     query = q.reshape(b, 1, n * d).contiguous()
@@ -553,8 +551,6 @@ def test_fia_out_update_of_kv_lengths():
 
 def test_decode_step_program_with_cache_write_and_attention():
     """A decode layer as FULL_DECODE_ONLY captures it: cache write, projections, grouped attention, residual."""
-    if isinstance(torch_npu._npu_paged_attention, NotEmulated):
-        pytest.skip("_npu_paged_attention not emulated yet")
     torch.random.default_generator.manual_seed(1)  # torch.manual_seed also seeds the (simulated) npu module
     b, n, kvn, d, block, blocks = 2, 4, 2, 16, 16, 6
     hidden = n * d
@@ -616,12 +612,11 @@ def test_decode_step_program_with_cache_write_and_attention():
             assert torch.equal(kc, kc_e) and torch.equal(vc, vc_e)
 
 
+@pytest.mark.upstream
 def test_vllm_ascend_0_11_paged_decode_capture_and_update_attn_params(monkeypatch):
     """vllm-ascend 0.11.0's own code: the capturing branch of _forward_decode_only and update_attn_params."""
-    if isinstance(torch_npu._npu_paged_attention, NotEmulated):
-        pytest.skip("_npu_paged_attention not emulated yet")
-    av = pytest.importorskip("vllm_ascend.attention.attention_v1")
-    ag = pytest.importorskip("vllm_ascend.compilation.acl_graph")
+    import vllm_ascend.attention.attention_v1 as av
+    import vllm_ascend.compilation.acl_graph as ag
     # torch.ops._C_ascend.weak_ref_tensor (vllm-ascend's compiled library) is not part of the simulator;
     # an alias of the same tensor has the property the graph code relies on (same memory)
     monkeypatch.setattr(av, "weak_ref_tensors", lambda t: t)
@@ -670,13 +665,13 @@ def test_vllm_ascend_0_11_paged_decode_capture_and_update_attn_params(monkeypatc
         assert torch.equal(h_s, h)
 
 
+@pytest.mark.upstream
 def test_vllm_ascend_0_11_sliding_window_decode_keeps_capture_time_lengths(monkeypatch):
     """Documents upstream behaviour the patch must handle: vllm-ascend 0.11.0 launches the sliding-window decode
     (``npu_fused_infer_attention_score``, BSH) outside any task group and never updates it, and its
     ``actual_seq_lengths_kv`` is read on the host at launch - so every replay uses the capture-time lengths."""
-    if isinstance(torch_npu.npu_fused_infer_attention_score, NotEmulated):
-        pytest.skip("npu_fused_infer_attention_score not emulated yet")
-    av = pytest.importorskip("vllm_ascend.attention.attention_v1")
+    import vllm_ascend.attention.attention_v1 as av
+
     monkeypatch.setattr(av, "get_forward_context", lambda: types.SimpleNamespace(capturing=True))
     b, n, kvn, d, block = 2, 4, 2, 16, 16
     q, kc, vc, bt = _paged_setup(b, n, kvn, d, block)

@@ -20,10 +20,12 @@ def test_pythonpath_activation_and_chaining(tmp_path):
     assert proc.stdout.split() == ["True", "True"]
 
 
-def test_pythonpath_activation_honours_disable(tmp_path):
+def test_pythonpath_activation_with_disable_keeps_only_the_guard(tmp_path):
+    # GPTOSS_PATCH_DISABLE=1: the finder stays (it arms the GPT-OSS guard on import of vllm-ascend) but
+    # activation decides "disabled" and patches nothing (see test_bootstrap for the decision itself).
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     code = "import sys; print(any(type(f).__name__ == '_ActivateOnImport' for f in sys.meta_path))"
     env = clean_env(PYTHONPATH=str(ROOT / "sitecustomize"), GPTOSS_PATCH_DISABLE="1")
     proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, env=env)
-    assert proc.stdout.strip() == "False" and proc.stderr == ""
+    assert proc.stdout.strip() == "True" and proc.stderr == ""

@@ -290,8 +290,8 @@ def test_chat_template_matches_harmony(hf_tokenizer, harmony):
     assert list(ids) == expected
 
 
+@pytest.mark.upstream
 def test_vllm_loads_the_checkpoint_tokenizer(checkpoint, harmony):
-    pytest.importorskip("vllm")
     code = textwrap.dedent("""
         import json, sys
         from vllm.transformers_utils.tokenizer import get_tokenizer

@@ -22,6 +22,12 @@ look the operator up as ``torch_npu.X`` at call time, as vllm-ascend and gptoss-
   workspace.
 * ``_npu_reshape_and_cache``, ``_npu_paged_attention`` (+ ``_get_workspace``): write nothing.
 
+It also suspends, in the calling thread, the simulator's device-mapping ``TorchFunctionMode``
+(:func:`gptoss_patch.testing.npu_sim.device.enter_device_mapping`): that mode runs Python on *every* torch call
+(~25 µs each on this machine kind) to rewrite ``device="npu"``, a cost the real torch_npu does not have, and would
+otherwise dominate the measurement. Inside the switch a request for the ``npu`` device therefore fails loudly
+(PyTorch has no PrivateUse1 backend registered) instead of landing on the CPU - allocate before entering.
+
 Not thread-safe: it swaps module attributes process-wide.
 """
 
@@ -114,12 +120,26 @@ def host_time_only() -> Iterator[None]:
     mod = sys.modules.get("torch_npu")
     if mod is None or not getattr(mod, "__gptoss_simulator__", False):
         raise RuntimeError("host_time_only() needs the NPU simulator installed (gptoss_patch.testing.npu_sim.install())")
+    from torch.overrides import _get_current_function_mode_stack
+
+    from gptoss_patch.testing.npu_sim import device
+
+    mapping = device._mode
+    stack = _get_current_function_mode_stack()
+    if mapping is not None and mapping in stack and stack[-1] is not mapping:
+        raise RuntimeError("host_time_only(): another torch function mode is active above the simulator's device "
+                           "mapping; enter the switch outside it")
     saved = {name: mod.__dict__[name] for name in STUBS if name in mod.__dict__}
+    suspended = mapping is not None and mapping in stack
     try:
         for name, stub in STUBS.items():
             setattr(mod, name, stub)
+        if suspended:
+            mapping.__exit__(None, None, None)
         yield
     finally:
+        if suspended:
+            mapping.__enter__()
         for name in STUBS:
             if name in saved:
                 setattr(mod, name, saved[name])

@@ -209,3 +209,67 @@ def test_sliding_layer_band_admits_129_keys_with_the_documented_template(cfg, fi
     assert inside.any() and (~inside).any()
     assert row_diff[inside].max().item() <= 1e-5
     assert row_diff[~inside].min().item() > 1e-3
+
+
+def _sliding_window_null_blocks(context_len: int) -> list[int]:
+    """Logical KV blocks that vLLM 0.15's scheduler has replaced by the null block when a request with
+    ``context_len`` computed tokens decodes its next token: ``SlidingWindowManager`` (the KV-cache group of the
+    sliding layers, ``SlidingWindowSpec`` from vLLM's ``Attention.get_kv_cache_spec``, upstream_targets.md §5.5)
+    as ``KVCacheManager.allocate_slots`` drives it - prefill allocation, then ``remove_skipped_blocks(
+    total_computed_tokens)`` and the allocation for the new token."""
+    from vllm.v1.core.block_pool import BlockPool
+    from vllm.v1.core.single_type_kv_cache_manager import SlidingWindowManager
+    from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+    pool = BlockPool(num_gpu_blocks=32, enable_caching=False, hash_block_size=n015.BLOCK_SIZE)
+    spec = SlidingWindowSpec(block_size=n015.BLOCK_SIZE, num_kv_heads=KVN, head_size=D, dtype=torch.float32,
+                             sliding_window=WINDOW)
+    mgr = SlidingWindowManager(spec, block_pool=pool, enable_caching=False, kv_cache_group_id=1)
+    mgr.allocate_new_blocks("r", context_len, context_len)
+    mgr.remove_skipped_blocks("r", context_len)
+    mgr.allocate_new_blocks("r", context_len + 1, context_len + 1)
+    blocks = mgr.req_to_blocks["r"]
+    assert blocks[-1].block_id != pool.null_block.block_id and pool.null_block.block_id == n015.NULL_BLOCK
+    return [i for i, b in enumerate(blocks) if b.is_null]
+
+
+def test_sliding_layer_band_reads_vllms_null_block_as_the_129th_key(cfg):
+    """Calibration finding 3 (consequence of finding 2 in a vLLM 0.15 deployment): the 129th key can be a zero.
+
+    vLLM 0.15 keeps sliding layers in their own KV-cache group and its ``SlidingWindowManager`` frees every block
+    whose tokens all lie before the window of the next query, ``get_num_skipped_tokens(p) = p - 128 + 1``
+    (positions ``0 .. p-128``), replacing it in the block table by the null block (block 0; never written, and
+    vllm-ascend 0.15 allocates KV caches with ``torch.zeros``). The band's extra key ``p - 128`` is the last
+    skipped position, so when it closes a block - decode position ``p ≡ 127 (mod 128)``, ``p >= 255`` - the
+    operator reads K = V = 0 there: an extra ``exp(0 - m)`` in the softmax denominator, nothing in the numerator.
+
+    With the documented template (as in finding 2) the native output equals the window-129 reference computed with
+    key/value ``p - 128`` set to zero on exactly those rows (<= 1e-5), and the plain window-129 reference elsewhere.
+    The block tables come from vLLM's own ``SlidingWindowManager``.
+    """
+    seqs = [(255, 1), (300, 1), (383, 1), (256, 1)]
+    nulls = {c: _sliding_window_null_blocks(c) for c, _ in seqs}
+    assert nulls == {255: [0], 300: [0], 383: [0, 1], 256: [0]}
+    case = n015.build_case(cfg, seqs, num_heads=N, num_kv_heads=KVN, seed=9, sliding_window=WINDOW)
+    table = case.metadata.block_tables.clone()
+    for i, (c, _) in enumerate(seqs):
+        table[i, nulls[c]] = n015.NULL_BLOCK
+    md = dataclasses.replace(case.metadata, block_tables=table, swa_mask=case.metadata.attn_mask)
+    sinks = _sinks()
+    impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=sinks)
+    out = n015.run_native_forward(cfg, impl, case, metadata=md)
+
+    zeroed = dataclasses.replace(case, full_k=[k.clone() for k in case.full_k], full_v=[v.clone() for v in case.full_v])
+    hits = []
+    for i, (c, _) in enumerate(seqs):
+        extra = c - WINDOW  # the band's 129th key for the query at position c
+        if extra // n015.BLOCK_SIZE in nulls[c]:
+            zeroed.full_k[i][extra] = 0
+            zeroed.full_v[i][extra] = 0
+            hits.append(c)
+    assert hits == [255, 383]
+    want = reference_output(zeroed, sinks=sinks, sliding_window=WINDOW + 1, scale=impl.scale)
+    assert (out - want).abs().max().item() <= 1e-5
+    plain = reference_output(case, sinks=sinks, sliding_window=WINDOW + 1, scale=impl.scale)
+    row_diff = (out - plain).abs().amax(dim=(1, 2))
+    assert row_diff[[1, 3]].max().item() <= 1e-5 and row_diff[[0, 2]].min().item() > 1e-3

@@ -1,0 +1,338 @@
+"""Checkpoint checks for GPT-OSS on vllm-ascend: config, quantization, tensor names and shapes, TP split.
+
+``check_checkpoint(directory, tp=1)`` reads ``config.json`` and the safetensors *headers* only (through
+``safetensors.safe_open``, which parses the JSON header and validates it against the file size without
+reading tensor data), so it runs in seconds even on the 120b checkpoint. What it checks:
+
+* ``config.json`` exists, is JSON, ``model_type == "gpt_oss"``;
+* no MXFP4 quantization: the official ``openai/gpt-oss-*`` weights carry
+  ``quantization_config.quant_method == "mxfp4"`` (and ``*_blocks``/``*_scales`` expert tensors), which
+  vllm-ascend cannot run (vllm-ascend#7131); the BF16 releases ``unsloth/gpt-oss-20b-BF16`` /
+  ``unsloth/gpt-oss-120b-BF16`` can (seed deployment write-up, vllm-ascend gpt-oss-120b tutorial);
+* every tensor GPT-OSS needs is present with the shape the config implies (the layout of transformers'
+  ``GptOssForCausalLM``, see :mod:`gptoss_patch.testing.tiny`): attention ``sinks [Nq]``,
+  ``{q,k,v,o}_proj`` weights and biases, ``router.{weight,bias}``, experts ``gate_up_proj [E, H, 2I]``,
+  ``gate_up_proj_bias [E, 2I]``, ``down_proj [E, I, H]``, ``down_proj_bias [E, H]``, norms, embeddings;
+* sharded checkpoints through ``model.safetensors.index.json`` (every shard it names must exist and hold
+  the tensors the index assigns to it);
+* the tensor-parallel size splits the model: ``num_attention_heads % tp == 0``; KV heads either split
+  (``num_key_value_heads % tp == 0``) or, when ``tp`` exceeds them, are replicated
+  (``tp % num_key_value_heads == 0``) - vLLM's ``QKVParallelLinear`` rule; ``intermediate_size % tp == 0``
+  (vLLM's fused MoE splits the expert intermediate dimension across ranks). The per-rank sizes are
+  reported as facts, with whether the per-rank intermediate size is a multiple of 16 and 32
+  (FRACTAL_NZ/fused-op alignment; 2880 / 8 = 360 is not: see the padding report of ``verify --model``).
+
+Command line: ``python -m gptoss_patch.checkpoint DIR [--tensor-parallel-size N] [--json]`` (exit 0 ok,
+1 problems, 2 usage error); ``python -m gptoss_patch.verify --model DIR`` includes the same report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+__all__ = ["CheckReport", "expected_tensors", "check_checkpoint", "main", "BF16_RELEASES"]
+
+#: Where to get weights vllm-ascend can run, by ``num_hidden_layers`` of the official configs (24 / 36).
+BF16_RELEASES = {24: "unsloth/gpt-oss-20b-BF16", 36: "unsloth/gpt-oss-120b-BF16"}
+
+_REQUIRED_CONFIG = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                    "num_key_value_heads", "num_local_experts", "vocab_size")
+
+#: How many missing/mismatched tensors to list by name before summarising.
+_LIST_LIMIT = 8
+
+
+@dataclass
+class CheckReport:
+    """Result of :func:`check_checkpoint`.
+
+    ``problems``: reasons the checkpoint cannot be served (each names the file and, for tensors, the
+    tensor); ``warnings``: things that work but deserve attention; ``facts``: model geometry and the
+    per-rank split. ``ok`` is True when there are no problems.
+    """
+
+    directory: str
+    tp: int
+    problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    facts: dict = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when no problem was found."""
+        return not self.problems
+
+    def as_dict(self) -> dict:
+        """JSON-ready dict (with ``ok``)."""
+        d = asdict(self)
+        d["ok"] = self.ok
+        return d
+
+    def lines(self) -> list[str]:
+        """Human-readable report lines."""
+        out = [f"checkpoint {self.directory} at tensor-parallel size {self.tp}:"]
+        for key, value in self.facts.items():
+            out.append(f"  {key.replace('_', ' ')}: {value}")
+        out += [f"  warning: {w}" for w in self.warnings]
+        out += [f"  PROBLEM: {p}" for p in self.problems]
+        out.append("  result: " + ("OK" if self.ok else "NOT OK"))
+        return out
+
+
+def _bf16_hint(config: dict) -> str:
+    release = BF16_RELEASES.get(config.get("num_hidden_layers"))
+    choice = release or " or ".join(BF16_RELEASES.values())
+    return (f"download the BF16 release instead ({choice}; e.g. 'modelscope download --model={release or BF16_RELEASES[36]}"
+            f" --local_dir DIR')")
+
+
+def expected_tensors(config: dict) -> dict[str, tuple[int, ...]]:
+    """name -> shape of every tensor a BF16 GPT-OSS checkpoint with ``config`` must hold.
+
+    ``config``: the parsed ``config.json`` (needs the keys of ``_REQUIRED_CONFIG``; ``head_dim``
+    defaults to ``hidden_size // num_attention_heads``, ``tie_word_embeddings`` to False). Layout as
+    written by transformers' ``GptOssForCausalLM.save_pretrained`` (names in :mod:`gptoss_patch.testing.tiny`).
+    Raises ``KeyError`` naming a missing config key.
+    """
+    for key in _REQUIRED_CONFIG:
+        if key not in config:
+            raise KeyError(key)
+    h, i, e, v = (config["hidden_size"], config["intermediate_size"], config["num_local_experts"],
+                  config["vocab_size"])
+    nq, nkv = config["num_attention_heads"], config["num_key_value_heads"]
+    d = config.get("head_dim") or h // nq
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
+    if not config.get("tie_word_embeddings", False):
+        shapes["lm_head.weight"] = (v, h)
+    for layer in range(config["num_hidden_layers"]):
+        p = f"model.layers.{layer}."
+        shapes.update({
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_proj.weight": (nq * d, h), p + "self_attn.q_proj.bias": (nq * d,),
+            p + "self_attn.k_proj.weight": (nkv * d, h), p + "self_attn.k_proj.bias": (nkv * d,),
+            p + "self_attn.v_proj.weight": (nkv * d, h), p + "self_attn.v_proj.bias": (nkv * d,),
+            p + "self_attn.o_proj.weight": (h, nq * d), p + "self_attn.o_proj.bias": (h,),
+            p + "self_attn.sinks": (nq,),
+            p + "mlp.router.weight": (e, h), p + "mlp.router.bias": (e,),
+            p + "mlp.experts.gate_up_proj": (e, h, 2 * i), p + "mlp.experts.gate_up_proj_bias": (e, 2 * i),
+            p + "mlp.experts.down_proj": (e, i, h), p + "mlp.experts.down_proj_bias": (e, h),
+        })
+    return shapes
+
+
+def _read_headers(directory: Path, report: CheckReport):
+    """``(found, unavailable, assignment)`` from the safetensors headers, or None; problems go to ``report``.
+
+    ``found``: name -> (file name, shape, dtype); ``unavailable``: files missing or unreadable;
+    ``assignment``: the index's weight_map (None without an index).
+    """
+    from safetensors import SafetensorError, safe_open
+
+    index = directory / "model.safetensors.index.json"
+    assignment: dict[str, str] | None = None
+    if index.is_file():
+        try:
+            assignment = json.loads(index.read_text())["weight_map"]
+            if not isinstance(assignment, dict):
+                raise TypeError("weight_map is not an object")
+        except (ValueError, KeyError, TypeError) as exc:
+            report.problems.append(f"{index}: not a safetensors index ({type(exc).__name__}: {exc}); expected "
+                                   "JSON with a 'weight_map' object of tensor name -> shard file")
+            return None
+        files = sorted(set(assignment.values()))
+    else:
+        files = sorted(p.name for p in directory.glob("*.safetensors"))
+    if not files:
+        report.problems.append(f"{directory}: no *.safetensors files (expected model.safetensors or shards "
+                               "listed by model.safetensors.index.json)")
+        return None
+    found: dict[str, tuple[str, tuple[int, ...], str]] = {}
+    unavailable: set[str] = set()
+    for name in files:
+        path = directory / name
+        if not path.is_file():
+            unavailable.add(name)
+            named = sum(1 for f in (assignment or {}).values() if f == name)
+            report.problems.append(f"{path}: missing (model.safetensors.index.json assigns {named} tensors to it)")
+            continue
+        try:
+            with safe_open(str(path), framework="numpy") as handle:
+                for key in handle.keys():
+                    piece = handle.get_slice(key)
+                    found[key] = (name, tuple(piece.get_shape()), str(piece.get_dtype()))
+        except (SafetensorError, OSError, ValueError) as exc:
+            unavailable.add(name)
+            report.problems.append(f"{path}: unreadable safetensors header ({exc}); the file is truncated or "
+                                   "corrupt - download it again")
+    if assignment is not None:
+        for key, name in sorted(assignment.items()):
+            if key in found and found[key][0] != name:
+                report.problems.append(f"{directory / name}: index assigns tensor {key} to this file but it is in "
+                                       f"{found[key][0]}")
+            elif key not in found and name not in unavailable:
+                report.problems.append(f"{directory / name}: tensor {key} listed in model.safetensors.index.json "
+                                       "is not in this file")
+    return found, unavailable, assignment
+
+
+def _tp_facts(config: dict, tp: int, report: CheckReport) -> None:
+    nq, nkv, inter = config["num_attention_heads"], config["num_key_value_heads"], config["intermediate_size"]
+    if nq % tp:
+        report.problems.append(f"tensor-parallel size {tp} does not divide num_attention_heads {nq}; use a divisor "
+                               f"of {nq} (e.g. {', '.join(str(t) for t in (1, 2, 4, 8) if nq % t == 0)})")
+    else:
+        report.facts["attention_heads_per_rank"] = nq // tp
+    if tp <= nkv:
+        if nkv % tp:
+            report.problems.append(f"tensor-parallel size {tp} does not divide num_key_value_heads {nkv}")
+        else:
+            report.facts["kv_heads_per_rank"] = nkv // tp
+    elif tp % nkv:
+        report.problems.append(f"tensor-parallel size {tp} is above num_key_value_heads {nkv} but not a multiple of "
+                               "it, so the KV heads can be neither split nor replicated")
+    else:
+        report.facts["kv_heads_per_rank"] = f"1 (each of the {nkv} KV heads replicated on {tp // nkv} ranks)"
+    if inter % tp:
+        report.problems.append(f"tensor-parallel size {tp} does not divide intermediate_size {inter} (the expert "
+                               "intermediate dimension is split across ranks)")
+    else:
+        per_rank = inter // tp
+        report.facts["intermediate_size_per_rank"] = per_rank
+        report.facts["intermediate_per_rank_aligned"] = (
+            f"multiple of 16: {per_rank % 16 == 0}, of 32: {per_rank % 32 == 0}")
+
+
+def check_checkpoint(directory, tp: int = 1) -> CheckReport:
+    """Check a GPT-OSS checkpoint directory for serving on vllm-ascend at tensor-parallel size ``tp``.
+
+    ``directory``: the checkpoint (``config.json`` + ``*.safetensors`` [+ index]). ``tp``: int >= 1.
+    Reads only ``config.json``, the index and the safetensors headers. Returns a :class:`CheckReport`;
+    a malformed checkpoint (bad config, MXFP4, missing/misshaped tensor, truncated header, missing
+    shard) yields problems naming the file (and tensor), not an exception.
+    Raises ``ValueError`` for ``tp`` not an int >= 1, ``FileNotFoundError`` when ``directory`` is not a
+    directory, ``ImportError`` when the ``safetensors`` package is missing (``pip install safetensors``).
+    """
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp (tensor-parallel size) must be an int >= 1, got {tp!r}")
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {directory} does not exist or is not a directory")
+    report = CheckReport(directory=str(directory), tp=tp)
+    config_path = directory / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+        if not isinstance(config, dict):
+            raise ValueError("top level is not an object")
+    except FileNotFoundError:
+        report.problems.append(f"{config_path}: missing (every Hugging Face checkpoint has one)")
+        return report
+    except ValueError as exc:
+        report.problems.append(f"{config_path}: not valid JSON ({exc})")
+        return report
+    model_type = config.get("model_type")
+    if model_type != "gpt_oss":
+        report.problems.append(f"{config_path}: model_type is {model_type!r}, expected 'gpt_oss' (a GPT-OSS "
+                               "checkpoint such as unsloth/gpt-oss-20b-BF16)")
+    quant = config.get("quantization_config")
+    if quant:
+        method = str(quant.get("quant_method", "?")) if isinstance(quant, dict) else str(quant)
+        if method.lower() == "mxfp4":
+            report.problems.append(f"{config_path}: MXFP4-quantized weights (quantization_config.quant_method "
+                                   "'mxfp4', the official openai/gpt-oss-* release); Ascend NPUs cannot run FP4 "
+                                   f"(vllm-ascend#7131): {_bf16_hint(config)}")
+        else:
+            report.problems.append(f"{config_path}: quantization_config.quant_method {method!r}; gptoss-patch "
+                                   f"supports the unquantized BF16 checkpoints only: {_bf16_hint(config)}")
+    dtype = config.get("torch_dtype") or config.get("dtype")
+    if dtype not in (None, "bfloat16"):
+        report.warnings.append(f"{config_path}: torch_dtype {dtype!r}; the tested releases are bfloat16")
+    missing_keys = [k for k in _REQUIRED_CONFIG if not isinstance(config.get(k), int) or config.get(k) < 1]
+    if missing_keys:
+        report.problems.append(f"{config_path}: missing or non-positive {', '.join(missing_keys)}")
+        return report
+    nq = config["num_attention_heads"]
+    report.facts.update(
+        model_type=model_type, layers=config["num_hidden_layers"], hidden_size=config["hidden_size"],
+        attention_heads=nq, kv_heads=config["num_key_value_heads"],
+        head_dim=config.get("head_dim") or config["hidden_size"] // nq,
+        experts=config["num_local_experts"], experts_per_token=config.get("num_experts_per_tok"),
+        intermediate_size=config["intermediate_size"], sliding_window=config.get("sliding_window"),
+        vocab_size=config["vocab_size"], tensor_parallel_size=tp,
+    )
+    _tp_facts(config, tp, report)
+
+    expected = expected_tensors(config)
+    headers = _read_headers(directory, report)
+    if headers is None:
+        return report
+    found, unavailable, assignment = headers
+    mxfp4 = sorted(k for k in found if k.endswith(("_blocks", "_scales")))
+    if mxfp4 and not (quant and str(quant.get("quant_method", "")).lower() == "mxfp4"):
+        report.problems.append(f"{directory / found[mxfp4[0]][0]}: tensor {mxfp4[0]} (and {len(mxfp4) - 1} more "
+                               f"*_blocks/*_scales) are MXFP4 expert weights; {_bf16_hint(config)}")
+    where = "model.safetensors.index.json" if (directory / "model.safetensors.index.json").is_file() else None
+    # tensors of a missing or unreadable file are covered by that file's problem; list the others
+    if assignment is None:
+        missing = [] if unavailable else [k for k in expected if k not in found]
+    else:
+        missing = [k for k in expected if k not in found and assignment.get(k) not in unavailable]
+    for key in missing[:_LIST_LIMIT]:
+        report.problems.append(f"{directory / (where or _guess_file(found))}: tensor {key} missing "
+                               f"(expected shape {list(expected[key])})")
+    if len(missing) > _LIST_LIMIT:
+        report.problems.append(f"{directory}: {len(missing) - _LIST_LIMIT} more expected tensors missing")
+    wrong = [k for k in expected if k in found and found[k][1] != expected[k]]
+    for key in wrong[:_LIST_LIMIT]:
+        report.problems.append(f"{directory / found[key][0]}: tensor {key} has shape {list(found[key][1])}, expected "
+                               f"{list(expected[key])}" + _shape_hint(key, found[key][1], expected[key]))
+    if len(wrong) > _LIST_LIMIT:
+        report.problems.append(f"{directory}: {len(wrong) - _LIST_LIMIT} more tensors with a wrong shape")
+    dtypes = sorted({found[k][2] for k in expected if k in found})
+    if dtypes and dtypes != ["BF16"]:
+        report.warnings.append(f"tensor dtypes {dtypes}; the BF16 releases hold BF16 only")
+    extra = sorted(set(found) - set(expected) - set(mxfp4))
+    if extra:
+        report.warnings.append(f"{len(extra)} tensors GPT-OSS does not use (e.g. {extra[0]}); vLLM may reject them")
+    report.facts["tensors"] = f"{len(found)} in {len({f for f, _, _ in found.values()})} file(s), " \
+                              f"{sum(math.prod(s) for _, s, _ in found.values()) / 1e9:.3g} G elements"
+    return report
+
+
+def _guess_file(found: dict) -> str:
+    names = sorted({f for f, _, _ in found.values()})
+    return names[0] if len(names) == 1 else "model.safetensors"
+
+
+def _shape_hint(key: str, got: tuple, want: tuple) -> str:
+    if key.endswith("gate_up_proj") and len(got) == 3 and got == (want[0], want[2], want[1]):
+        return " (transposed: [E, 2I, H]; GPT-OSS stores gate_up_proj as [E, H, 2I])"
+    return ""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI: ``DIR [--tensor-parallel-size N] [--json]``; exit 0 ok, 1 problems, 2 usage error."""
+    ap = argparse.ArgumentParser(prog="python -m gptoss_patch.checkpoint", description=__doc__.split("\n")[0])
+    ap.add_argument("directory")
+    ap.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    try:
+        args = ap.parse_args(argv)
+    except SystemExit as exc:
+        return 2 if exc.code else 0
+    try:
+        report = check_checkpoint(args.directory, tp=args.tensor_parallel_size)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.as_dict(), indent=2) if args.json else "\n".join(report.lines()))
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""gptoss_patch.checkpoint on real tiny GPT-OSS checkpoints and broken copies of them.
+
+Each malformed checkpoint is a copy of the tiny one with one thing edited (a tensor removed, a tensor
+transposed, a header cut short, a shard deleted, an MXFP4 config). Needs: torch, transformers,
+safetensors (and numpy, which safetensors' header reader uses).
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+from gptoss_patch.checkpoint import check_checkpoint, expected_tensors
+
+
+def shared_tiny(tmp_path_factory):
+    """The tiny checkpoint (with tokenizer files), written once per session under pytest's base temp
+    and shared by test_serve, test_checkpoint and test_server_probe (tests copy it before editing)."""
+    from gptoss_patch.testing.tiny import write_checkpoint
+
+    path = tmp_path_factory.getbasetemp() / "ops-kit-tiny"
+    if not (path / ".complete").is_file():
+        write_checkpoint(path, preset="tiny", seed=0, tokenizer=True)
+        (path / ".complete").write_text("")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return shared_tiny(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory):
+    from gptoss_patch.testing.tiny import write_checkpoint
+
+    return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "sharded", preset="tiny", seed=0, tokenizer=False,
+                            max_shard_size="20MB")
+
+
+def copy(src, tmp_path, name="copy"):
+    dst = tmp_path / name
+    shutil.copytree(src, dst)
+    return dst
+
+
+def rewrite(path, edit):
+    """Load a (tiny) safetensors file, apply ``edit(dict)``, write it back with the same metadata."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(str(path), framework="pt") as handle:
+        metadata = handle.metadata()
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path), metadata=metadata)
+
+
+def test_tiny_checkpoint_passes_at_every_valid_tp(tiny):
+    for tp, per_rank in ((1, 360), (2, 180), (4, 90), (8, 45)):
+        report = check_checkpoint(tiny, tp=tp)
+        assert report.ok, report.problems
+        assert report.warnings == []
+        assert report.facts["intermediate_size_per_rank"] == per_rank
+        assert report.facts["attention_heads_per_rank"] == 8 // tp
+    facts = check_checkpoint(tiny, tp=8).facts
+    assert facts["kv_heads_per_rank"].startswith("1 (each of the 1 KV heads replicated on 8 ranks")
+    assert facts["intermediate_per_rank_aligned"] == "multiple of 16: False, of 32: False"
+    assert facts["tensors"].startswith("71 in 1 file(s)")
+
+
+def test_expected_tensors_match_transformers_layout(tiny):
+    from gptoss_patch.testing.tiny import parameter_shapes
+
+    config = json.loads((tiny / "config.json").read_text())
+    assert expected_tensors(config) == parameter_shapes("tiny")
+
+
+def test_real_geometry_at_tp8_reports_the_360_split():
+    # gpt-oss-120b's config values (openai/gpt-oss-120b config.json): the per-rank fact the padding work is about
+    from gptoss_patch.checkpoint import CheckReport, _tp_facts
+
+    report = CheckReport(directory="-", tp=8)
+    _tp_facts({"num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 2880}, 8, report)
+    assert report.ok
+    assert report.facts == {"attention_heads_per_rank": 8, "kv_heads_per_rank": 1, "intermediate_size_per_rank": 360,
+                            "intermediate_per_rank_aligned": "multiple of 16: False, of 32: False"}
+
+
+@pytest.mark.parametrize("tp, message", [
+    (3, "tensor-parallel size 3 does not divide num_attention_heads 8"),
+    (16, "tensor-parallel size 16 does not divide num_attention_heads 8"),
+])
+def test_tp_that_does_not_divide_the_heads(tiny, tp, message):
+    report = check_checkpoint(tiny, tp=tp)
+    assert not report.ok and any(message in p for p in report.problems), report.problems
+
+
+def test_tp_that_does_not_divide_the_intermediate_size(tiny, tmp_path):
+    from gptoss_patch.testing.tiny import write_checkpoint
+
+    odd = write_checkpoint(tmp_path / "odd", preset="tiny", seed=0, tokenizer=False, intermediate_size=36,
+                           num_hidden_layers=2)
+    report = check_checkpoint(odd, tp=8)
+    assert report.problems == ["tensor-parallel size 8 does not divide intermediate_size 36 (the expert "
+                               "intermediate dimension is split across ranks)"]
+
+
+def test_mxfp4_config_points_to_bf16_release(tiny, tmp_path):
+    bad = copy(tiny, tmp_path)
+    config = json.loads((bad / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4",
+                                     "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
+                                                                "model.embed_tokens", "lm_head"]}
+    (bad / "config.json").write_text(json.dumps(config))
+    report = check_checkpoint(bad)
+    assert len(report.problems) == 1
+    problem = report.problems[0]
+    assert problem.startswith(f"{bad / 'config.json'}: MXFP4-quantized weights")
+    assert "vllm-ascend#7131" in problem
+    assert "unsloth/gpt-oss-20b-BF16 or unsloth/gpt-oss-120b-BF16" in problem  # 4 layers: neither release
+    config["num_hidden_layers"] = 36  # the 120b geometry picks the 120b release
+    from gptoss_patch.checkpoint import _bf16_hint
+
+    assert "(unsloth/gpt-oss-120b-BF16;" in _bf16_hint(config)
+
+
+def test_wrong_model_type(tiny, tmp_path):
+    bad = copy(tiny, tmp_path)
+    config = json.loads((bad / "config.json").read_text())
+    config["model_type"] = "llama"
+    (bad / "config.json").write_text(json.dumps(config))
+    report = check_checkpoint(bad)
+    assert report.problems[0] == (f"{bad / 'config.json'}: model_type is 'llama', expected 'gpt_oss' (a GPT-OSS "
+                                  "checkpoint such as unsloth/gpt-oss-20b-BF16)")
+
+
+def test_missing_tensor_named_with_file(tiny, tmp_path):
+    bad = copy(tiny, tmp_path)
+    rewrite(bad / "model.safetensors", lambda t: t.pop("model.layers.2.self_attn.sinks"))
+    report = check_checkpoint(bad)
+    assert report.problems == [f"{bad / 'model.safetensors'}: tensor model.layers.2.self_attn.sinks missing "
+                               "(expected shape [8])"]
+
+
+def test_wrong_shape_named_with_file(tiny, tmp_path):
+    bad = copy(tiny, tmp_path)
+    name = "model.layers.1.mlp.experts.gate_up_proj"
+    rewrite(bad / "model.safetensors", lambda t: t.__setitem__(name, t[name].transpose(1, 2).contiguous()))
+    report = check_checkpoint(bad)
+    assert report.problems == [f"{bad / 'model.safetensors'}: tensor {name} has shape [8, 720, 64], expected "
+                               "[8, 64, 720] (transposed: [E, 2I, H]; GPT-OSS stores gate_up_proj as [E, H, 2I])"]
+
+
+def test_truncated_header_named(tiny, tmp_path):
+    bad = copy(tiny, tmp_path)
+    path = bad / "model.safetensors"
+    data = path.read_bytes()
+    header_len = int.from_bytes(data[:8], "little")
+    path.write_bytes(data[: 8 + header_len // 2])  # the download stopped inside the JSON header
+    report = check_checkpoint(bad)
+    assert len(report.problems) == 1, report.problems
+    assert report.problems[0].startswith(f"{path}: unreadable safetensors header (")
+    assert report.problems[0].endswith("the file is truncated or corrupt - download it again")
+    path.write_bytes(data[:-100])  # header intact, data cut short: safetensors checks the sizes too
+    report = check_checkpoint(bad)
+    assert len(report.problems) == 1 and report.problems[0].startswith(f"{path}: unreadable safetensors header (")
+
+
+def test_sharded_checkpoint_and_missing_shard(sharded, tmp_path):
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    assert len(shards) >= 2
+    report = check_checkpoint(sharded, tp=8)
+    assert report.ok, report.problems
+    bad = copy(sharded, tmp_path)
+    (bad / shards[-1]).unlink()
+    report = check_checkpoint(bad, tp=8)
+    named = sum(1 for f in index["weight_map"].values() if f == shards[-1])
+    assert report.problems == [
+        f"{bad / shards[-1]}: missing (model.safetensors.index.json assigns {named} tensors to it)"]
+    index["weight_map"]["model.norm.weight"] = shards[0]  # the index points at the wrong shard
+    (bad / "model.safetensors.index.json").write_text(json.dumps(index))
+    shutil.copy(sharded / shards[-1], bad / shards[-1])
+    report = check_checkpoint(bad, tp=8)
+    actual = [f for k, f in json.loads((sharded / "model.safetensors.index.json").read_text())["weight_map"].items()
+              if k == "model.norm.weight"][0]
+    assert actual != shards[0]
+    assert report.problems == [f"{bad / shards[0]}: index assigns tensor model.norm.weight to this file but it "
+                               f"is in {actual}"]
+
+
+def test_bad_arguments(tiny, tmp_path):
+    with pytest.raises(ValueError, match=r"tp \(tensor-parallel size\) must be an int >= 1, got 0"):
+        check_checkpoint(tiny, tp=0)
+    with pytest.raises(FileNotFoundError, match="does not exist or is not a directory"):
+        check_checkpoint(tmp_path / "nowhere")
+    report = check_checkpoint(tmp_path)
+    assert report.problems == [f"{tmp_path / 'config.json'}: missing (every Hugging Face checkpoint has one)"]
+
+
+def test_cli(tiny):
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.checkpoint", str(tiny), "-tp", "8", "--json"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["facts"]["intermediate_size_per_rank"] == 45
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.checkpoint", str(tiny), "-tp", "3"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 1 and "PROBLEM: tensor-parallel size 3" in proc.stdout

@@ -1,0 +1,154 @@
+"""gptoss_patch.server_probe / ``verify --server`` against a real OpenAI-style server that is not ours.
+
+The server is transformers' own ``transformers serve`` (transformers 4.57.1) hosting the tiny GPT-OSS
+checkpoint on 127.0.0.1, offline (HF_HUB_OFFLINE=1), started and stopped by the module fixture. It is
+only partly OpenAI-compatible, and that is what the probe must find: it answers ``"stream": false``
+with an event stream, echoes the model as ``<path>@main``, keeps no usage, has no reasoning field (its
+gpt-oss branch drops the analysis channel, and the random tiny model never reaches the final channel,
+so content stays empty) and has no ``/v1/completions``. Requests are bounded: at most 8 new tokens,
+90 s per request, 5 probe runs in all.
+
+Needs, beside the unit dependencies: fastapi, uvicorn, openai, pydantic (transformers' serve extras)
+and accelerate (transformers 4.57.1's serve loads models with device_map).
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from conftest import ROOT, clean_env
+from gptoss_patch.server_probe import plugin_filter_warning, probe_server
+
+
+def shared_tiny(tmp_path_factory):
+    """The tiny checkpoint (with tokenizer files), written once per session under pytest's base temp
+    and shared by test_serve, test_checkpoint and test_server_probe (tests copy it before editing)."""
+    from gptoss_patch.testing.tiny import write_checkpoint
+
+    path = tmp_path_factory.getbasetemp() / "ops-kit-tiny"
+    if not (path / ".complete").is_file():
+        write_checkpoint(path, preset="tiny", seed=0, tokenizer=True)
+        (path / ".complete").write_text("")
+    return path
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def hf_server(tmp_path_factory):
+    """(base URL, checkpoint dir) of a ``transformers serve`` on 127.0.0.1 hosting the tiny checkpoint."""
+    ckpt = shared_tiny(tmp_path_factory)
+    port = _free_port()
+    log = tmp_path_factory.mktemp("hf-log") / "serve.log"
+    env = clean_env(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "transformers.commands.transformers_cli", "serve",
+                                 "--host", "127.0.0.1", "--port", str(port), "--log_level", "warning"],
+                                stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 90
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"transformers serve exited {proc.returncode}: {log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"transformers serve not healthy within 90 s: {log.read_text()[-2000:]}")
+            time.sleep(0.5)
+        yield url, ckpt
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # its own session: the server and nothing else
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def test_probe_reports_what_transformers_serve_lacks(hf_server):
+    url, ckpt = hf_server
+    report = probe_server(url + "/v1/", str(ckpt), timeout=90, chat_max_tokens=8, completion_max_tokens=4,
+                          environ={})
+    assert report.url == url + "/v1" and report.model == str(ckpt)
+    assert set(report.latency_s) == {"chat_completion", "completion"}
+    assert all(0 < s < 90 for s in report.latency_s.values())
+    assert report.facts["chat_reasoning_field"] == "absent"
+    assert report.warnings == []
+    chat = f"{url}/v1/chat/completions"
+    assert report.problems == [
+        f"chat: {chat} answered a non-streaming request (\"stream\": false) with an event stream; OpenAI clients "
+        "and evaluation tools expect one JSON object",
+        f"chat: response model is '{ckpt}@main', requested '{ckpt}' (clients and evaluation tools match on the "
+        "served model name; set --served-model-name)",
+        "chat: empty message.content",
+        "chat: no reasoning field (reasoning_content / reasoning) in the message: serve with --reasoning-parser "
+        "openai_gptoss",
+        "chat: no usage object (prompt_tokens/completion_tokens/total_tokens)",
+        f"completion: HTTP 404 from {url}/v1/completions: {{\"detail\":\"Not Found\"}}",
+    ]
+    assert not report.ok
+
+
+def test_probe_without_model_uses_the_models_listing(hf_server):
+    url, _ = hf_server
+    report = probe_server(url, timeout=30, chat_max_tokens=4, completion_max_tokens=4, environ={})
+    # transformers serve lists a fixed catalogue of hub models, not what it hosts; offline, the first
+    # of them cannot be loaded - the probe picks it, says so, and reports the failure
+    assert "models" in report.latency_s and report.model == report.facts["served_models"].split(", ")[0]
+    assert report.problems[0].startswith(f"chat: HTTP 500 from {url}/v1/chat/completions")
+
+
+def test_verify_server_cli(hf_server):
+    url, ckpt = hf_server
+    env = clean_env(VLLM_PLUGINS="ascend")
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--server", url, "--model", str(ckpt),
+                           "--chat-max-tokens", "4", "--json"],
+                          capture_output=True, text=True, env=env, timeout=200, cwd=ROOT)
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    probe = report["server"]
+    assert probe["model"] == str(ckpt) and probe["latency_s"]["chat_completion"] > 0
+    assert any("HTTP 404" in p for p in probe["problems"])
+    assert probe["warnings"][0].startswith("VLLM_PLUGINS='ascend' filters out the 'gptoss_patch'")
+    assert not report["ok"]
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--server", url, "--model", str(ckpt),
+                           "--chat-max-tokens", "4"], capture_output=True, text=True, env=clean_env(), timeout=200,
+                          cwd=ROOT)
+    assert proc.returncode == 1
+    assert "chat_completion: " in proc.stdout and " s\n" in proc.stdout  # latency printed
+    assert "PROBLEM: completion: HTTP 404" in proc.stdout
+
+
+def test_unreachable_server_and_bad_url():
+    port = _free_port()  # nothing listens there any more
+    report = probe_server(f"http://127.0.0.1:{port}", "m", timeout=5, environ={})
+    assert len(report.problems) == 2
+    assert report.problems[0].startswith(f"chat: cannot reach http://127.0.0.1:{port}/v1/chat/completions: "
+                                         "ConnectionRefusedError")
+    with pytest.raises(ValueError, match="server URL must look like http://HOST:PORT"):
+        probe_server("127.0.0.1:8000")
+
+
+def test_vllm_plugins_filter():
+    assert plugin_filter_warning({}) is None
+    assert plugin_filter_warning({"VLLM_PLUGINS": "ascend,gptoss_patch"}) is None
+    # vLLM splits on "," without stripping: a space breaks the match, as it does in vLLM
+    assert "use VLLM_PLUGINS=ascend, gptoss_patch,gptoss_patch" in plugin_filter_warning(
+        {"VLLM_PLUGINS": "ascend, gptoss_patch"})
+    assert "use VLLM_PLUGINS=gptoss_patch or unset it" in plugin_filter_warning({"VLLM_PLUGINS": ""})
