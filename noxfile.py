@@ -77,15 +77,19 @@ VLLM_015_IMPORT_DEPS = [
 #: tests/cell/native_015 calibrates the simulator against vllm-ascend 0.15.0rc1's native GPT-OSS code.
 #: tests/cell/conftest.py refuses a collection that mixes them up (GPTOSS_CELL decides), so a wrong path
 #: list fails loudly instead of running - or skipping - the wrong suite.
-CELLS: dict[str, dict[str, list[str]]] = {
+CELLS: dict[str, dict[str, list[str]]] = {  # noqa: E501
     "0.11.0": {"no_deps": ["vllm==0.11.0", "vllm-ascend==0.11.0"], "deps": VLLM_011_IMPORT_DEPS,
-               "tests": ["tests/cell", "--ignore=tests/cell/native_015"]},
+               "tests": ["tests/cell", "--ignore=tests/cell/native_015"],
+               # tests/unit tests marked `upstream` need these wheels: the unit session deselects them, this runs them
+               "unit_upstream": ["tests/unit", "-m", "upstream"]},
     "0.15.0rc1": {"no_deps": ["vllm==0.15.0", "vllm-ascend==0.15.0rc1", "xgrammar==0.1.29"],
                   "deps": VLLM_015_IMPORT_DEPS, "tests": ["tests/cell/native_015"]},
 }
 
-#: Host-only unit tests: no vllm.
-UNIT_DEPS = [TORCH, "transformers==4.57.1", "numpy<2", *REFERENCE_DEPS, *TEST_DEPS, "nox"]
+#: Host-only unit tests: no vllm. fastapi/uvicorn/openai/pydantic/accelerate: transformers' own OpenAI-style
+#: server (`transformers serve`), the real peer the server probe is tested against.
+UNIT_DEPS = [TORCH, "transformers==4.57.1", "numpy<2", *REFERENCE_DEPS, *TEST_DEPS, "nox",
+             "fastapi", "uvicorn", "openai", "pydantic", "accelerate"]
 
 
 def _pip(py: Path, *args: str) -> None:
@@ -136,7 +140,7 @@ def unit(session: nox.Session) -> None:
     py = cached_venv(session, "unit", [[TORCH], [x for x in UNIT_DEPS if x != TORCH]])
     install_self(session, py)
     session.log(f"unit venv ready in {time.monotonic() - t0:.0f} s")
-    _pytest(session, py, "tests/unit", "-q", env=_clean_env())
+    _pytest(session, py, "tests/unit", "-q", "-m", "not upstream", env=_clean_env())
 
 
 def _cell(release: str):
@@ -149,6 +153,8 @@ def _cell(release: str):
         session.log(f"cell {release}: environment ready in {build:.0f} s")
         t1 = time.monotonic()
         _pytest(session, py, *spec["tests"], "-q", env=_clean_env(GPTOSS_CELL=release))
+        if "unit_upstream" in spec:
+            _pytest(session, py, *spec["unit_upstream"], "-q", env=_clean_env())
         session.log(f"cell {release}: environment {build:.0f} s, tests {time.monotonic() - t1:.0f} s")
 
     cell.__doc__ = f"Suite against the real vllm-ascend {release} wheels ({', '.join(spec['no_deps'])})."

@@ -87,8 +87,8 @@ class CheckReport:
 def _bf16_hint(config: dict) -> str:
     release = BF16_RELEASES.get(config.get("num_hidden_layers"))
     choice = release or " or ".join(BF16_RELEASES.values())
-    return (f"download the BF16 release instead ({choice}; e.g. 'modelscope download --model={release or BF16_RELEASES[36]}"
-            f" --local_dir DIR')")
+    example = release or BF16_RELEASES[36]
+    return f"download the BF16 release instead ({choice}; e.g. 'modelscope download --model={example} --local_dir DIR')"
 
 
 def expected_tensors(config: dict) -> dict[str, tuple[int, ...]]:

@@ -30,7 +30,9 @@ Sources of the recipe values:
   ``--compilation-config`` (alias ``-O``; ``vllm/engine/arg_utils.py``); its ``FlexibleArgumentParser``
   also accepts the underscore spelling. The seed's ``IGNORE_GRAPH_UPDATE_EXCEPTIONS=0`` is not set:
   no indexed vllm-ascend source reads it (shared/reference/peers.md B2), it is local to the fork.
-* 20b TP=1: the seed's 20b page (1 x 910B3) uses the same flags at TP=1; ``HCCL_INTRA_ROCE_ENABLE``
+* 20b TP=1: the 120b recipe at TP=1 (our choice: the seed author ran ``unsloth/gpt-oss-20b-BF16`` on
+  1 x 910B3 - shared/reference/peers.md B2 - but its launch line is not in our material; 20b BF16 is
+  ~42 GB (20.9 B parameters x 2 bytes), inside one 64 GB 910B3 at 0.95). ``HCCL_INTRA_ROCE_ENABLE``
   is a multi-card setting and is only set for TP > 1.
 * ``--reasoning-parser openai_gptoss`` (``vllm/reasoning/gptoss_reasoning_parser.py``) and
   ``--tool-call-parser openai --enable-auto-tool-choice``
@@ -344,12 +346,18 @@ def _model_check(recipe: Recipe) -> list[str]:
     path = Path(model)
     if not path.exists():
         if not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[\w.-]+", model):
-            return [f"--model {model}: no such directory (and not a hub id like {PRESETS[recipe.preset]['bf16_release']})"]
+            hub_id = PRESETS[recipe.preset]["bf16_release"]
+            return [f"--model {model}: no such directory (and not a hub id like {hub_id})"]
         recipe.warnings.append(f"--model {model} is not a local directory (a hub id?): checkpoint not checked")
         return []
     from gptoss_patch.checkpoint import check_checkpoint
 
-    report = check_checkpoint(path, tp=recipe.values["tensor_parallel_size"])
+    try:
+        report = check_checkpoint(path, tp=recipe.values["tensor_parallel_size"])
+    except ImportError as exc:
+        return [f"cannot check --model {model}: {exc} (pip install safetensors numpy, or pass --no-model-check)"]
+    except (OSError, ValueError) as exc:
+        return [f"--model {model}: {exc}"]
     recipe.warnings.extend(report.warnings)
     return list(report.problems)
 

@@ -38,7 +38,7 @@ import urllib.parse
 import urllib.request
 from dataclasses import asdict, dataclass, field
 
-__all__ = ["ProbeReport", "probe_server", "plugin_filter_warning", "plugin_entry_point_name", "main"]
+__all__ = ["ProbeReport", "probe_server", "check_chat_response", "check_completion_response", "plugin_filter_warning", "plugin_entry_point_name", "main"]
 
 #: Prompt of vllm-ascend PR #8465's regression check (greedy, 7 tokens).
 COMPLETION_PROMPT = "Say this is a test"
@@ -220,6 +220,48 @@ def _check_model(name: str, obj: dict, model: str, report: ProbeReport) -> None:
                                "tools match on the served model name; set --served-model-name)")
 
 
+def check_chat_response(obj: dict, model: str, report: ProbeReport, chat_max_tokens: int | None = None) -> None:
+    """Check a decoded ``/v1/chat/completions`` body: model echo, content, reasoning field, usage.
+
+    Problems and facts go to ``report``; ``chat_max_tokens`` only words the hint for a cut-off answer.
+    """
+    _check_model("chat", obj, model, report)
+    choice = (obj.get("choices") or [{}])[0]
+    message = choice.get("message") or {}
+    content = message.get("content") or ""
+    reasoning_key = next((k for k in ("reasoning_content", "reasoning") if k in message), None)
+    reasoning = (message.get(reasoning_key) if reasoning_key else None) or ""
+    report.facts["chat_content"] = content
+    report.facts["chat_reasoning_field"] = reasoning_key or "absent"
+    report.facts["chat_finish_reason"] = choice.get("finish_reason")
+    if not content.strip():
+        why = ""
+        if reasoning.strip():
+            why = (" while the reasoning field holds text (vllm#23694): evaluation scripts reading only "
+                   "'content' score zero")
+        elif choice.get("finish_reason") == "length":
+            why = f" and finish_reason is 'length': raise the chat token budget (now {chat_max_tokens})"
+        report.problems.append(f"chat: empty message.content{why}")
+    if not reasoning_key:
+        report.problems.append("chat: no reasoning field (reasoning_content / reasoning) in the message: serve "
+                               "with --reasoning-parser openai_gptoss")
+    elif not reasoning.strip():
+        report.problems.append(f"chat: the {reasoning_key} field is empty: serve with --reasoning-parser "
+                               "openai_gptoss (vllm#41902)")
+    _check_usage("chat", obj, report)
+
+
+def check_completion_response(obj: dict, model: str, report: ProbeReport) -> None:
+    """Check a decoded ``/v1/completions`` body: model echo, non-empty text, usage; problems go to ``report``."""
+    _check_model("completion", obj, model, report)
+    choice = (obj.get("choices") or [{}])[0]
+    completion = choice.get("text") or ""
+    report.facts["completion_text"] = completion
+    if not completion.strip():
+        report.problems.append("completion: empty choices[0].text")
+    _check_usage("completion", obj, report)
+
+
 def probe_server(url: str, model: str | None = None, *, timeout: float = 120.0, chat_max_tokens: int = 512,
                  completion_max_tokens: int = 7, api_key: str | None = None,
                  environ: dict | None = None) -> ProbeReport:
@@ -260,30 +302,7 @@ def probe_server(url: str, model: str | None = None, *, timeout: float = 120.0, 
     report.latency_s["chat_completion"] = secs
     obj = _decode("chat", base + "/chat/completions", status, ctype, text, report)
     if obj is not None:
-        _check_model("chat", obj, model, report)
-        choice = (obj.get("choices") or [{}])[0]
-        message = choice.get("message") or {}
-        content = message.get("content") or ""
-        reasoning_key = next((k for k in ("reasoning_content", "reasoning") if k in message), None)
-        reasoning = (message.get(reasoning_key) if reasoning_key else None) or ""
-        report.facts["chat_content"] = content
-        report.facts["chat_reasoning_field"] = reasoning_key or "absent"
-        report.facts["chat_finish_reason"] = choice.get("finish_reason")
-        if not content.strip():
-            why = ""
-            if reasoning.strip():
-                why = (" while the reasoning field holds text (vllm#23694): evaluation scripts reading only "
-                       "'content' score zero")
-            elif choice.get("finish_reason") == "length":
-                why = f" and finish_reason is 'length': raise the chat token budget (now {chat_max_tokens})"
-            report.problems.append(f"chat: empty message.content{why}")
-        if not reasoning_key:
-            report.problems.append("chat: no reasoning field (reasoning_content / reasoning) in the message: serve "
-                                   "with --reasoning-parser openai_gptoss")
-        elif not reasoning.strip():
-            report.problems.append(f"chat: the {reasoning_key} field is empty: serve with --reasoning-parser "
-                                   "openai_gptoss (vllm#41902)")
-        _check_usage("chat", obj, report)
+        check_chat_response(obj, model, report, chat_max_tokens=chat_max_tokens)
 
     comp_body = {"model": model, "prompt": COMPLETION_PROMPT, "max_tokens": completion_max_tokens,
                  "temperature": 0, "stream": False}
@@ -291,13 +310,7 @@ def probe_server(url: str, model: str | None = None, *, timeout: float = 120.0, 
     report.latency_s["completion"] = secs
     obj = _decode("completion", base + "/completions", status, ctype, text, report)
     if obj is not None:
-        _check_model("completion", obj, model, report)
-        choice = (obj.get("choices") or [{}])[0]
-        completion = choice.get("text") or ""
-        report.facts["completion_text"] = completion
-        if not completion.strip():
-            report.problems.append("completion: empty choices[0].text")
-        _check_usage("completion", obj, report)
+        check_completion_response(obj, model, report)
     return report
 
 

@@ -412,6 +412,31 @@ def fused_attention_out(path: str, query: torch.Tensor, key_cache: torch.Tensor,
     kwargs = fia_kwargs(path, block_table=block_table, block_size=block_size, query_cu_lens=query_cu_lens,
                         kv_lens=kv_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale, sinks=sinks,
                         sliding_window=sliding_window, mask=causal_template(torch.int8, query.device))
+    return relaunch_out(path, kwargs, query, key, value, out=out, softmax_lse=softmax_lse, workspace=workspace,
+                        torch_npu=torch_npu)
+
+
+#: Names of the (cumulative query, per-sequence KV) length arguments per path.
+LENGTH_ARGS = {V2: ("actual_seq_qlen", "actual_seq_kvlen"), LSE: ("actual_seq_lengths", "actual_seq_lengths_kv")}
+
+
+def relaunch_out(path: str, kwargs: dict[str, Any], query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                 out: torch.Tensor, softmax_lse: torch.Tensor, workspace: torch.Tensor | None,
+                 query_cu_lens: list[int] | None = None, kv_lens: list[int] | None = None,
+                 torch_npu: Any = None) -> torch.Tensor:
+    """The one ``.out`` launch of :func:`fused_attention_out` from its prepared :func:`fia_kwargs` (``key``/``value``
+    already the ``(num_blocks, block_size, KV_N*D)`` views), with new host-list lengths when given.
+
+    The graph update's hot path: no argument is rebuilt, only the two length lists change (their names per path:
+    :data:`LENGTH_ARGS`). Returns ``out``.
+    """
+    if torch_npu is None:
+        import torch_npu as _tn
+
+        torch_npu = _tn
+    if query_cu_lens is not None:
+        q_name, kv_name = LENGTH_ARGS[path]
+        kwargs = {**kwargs, q_name: query_cu_lens, kv_name: kv_lens}
     _op(torch_npu, path).out(query, key, value, **kwargs, workspace=workspace, out=[out, softmax_lse])
     return out
 

@@ -283,8 +283,8 @@ def pad_moe_layer_(layer: Any, intermediate: int) -> dict[str, tuple[tuple[int, 
     ``I' = intermediate``, in place of the parameters and one tensor at a time.
 
     Order: ``w13_weight``, ``w13_bias``, ``w2_weight``; each old tensor is released (``param.data = new``) before the
-    next one is allocated, so the transient extra memory is the largest single padded tensor. ``w2_bias (E, H)`` does not
-    depend on ``I`` and is not touched. Nothing is allocated when ``I == I'``.
+    next one is allocated, so the transient extra memory is the largest single padded tensor. ``w2_bias (E, H)``
+    does not depend on ``I`` and is not touched. Nothing is allocated when ``I == I'``.
 
     Args:
         layer: a module with parameters ``w13_weight``, ``w2_weight`` and optionally ``w13_bias``, in vLLM's layout

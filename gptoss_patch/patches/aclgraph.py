@@ -110,6 +110,10 @@ class GptOssAttnParams:
         output: ``(T, N, D)`` captured output buffer (what vLLM reads after the layer).
         softmax_lse: float32 ``(T, N, 1)`` on the ``lse`` path with sinks, else a ``(1,)`` placeholder.
         workspace: from ``_npu_fused_infer_attention_score(_v2)_get_max_workspace`` (shared per size/geometry).
+        launch: the launch's keyword arguments (``kernels.attention.fia_kwargs``: mask, band, heads, scale, sinks,
+            block table, block size; capture-time lengths), reused by every update with new lengths only.
+        block_size / max_blocks: of the caches and the captured block table (host ints, for the update's checks).
+        updates: updates applied so far.
     """
 
     layer_name: str
@@ -129,7 +133,10 @@ class GptOssAttnParams:
     output: Any
     softmax_lse: Any
     workspace: Any
-    updates: int = field(default=0)
+    launch: dict = field(default_factory=dict)
+    block_size: int = 0
+    max_blocks: int = 0
+    updates: int = 0
 
 
 class UpstreamAttnParams(tuple):
@@ -287,13 +294,16 @@ def capture_decode(impl: Any, layer: Any, query: Any, output: Any, attn_metadata
     ws_key = (size, path, n, kvn, d, query.dtype, block_size, impl.sliding_window is not None, sinks is not None)
     workspace = _workspace(gp, ws_key, lambda: kernels.max_workspace(path, query, key, value, **geometry))
 
+    launch = kernels.fia_kwargs(path, block_table=block_table, block_size=block_size, query_cu_lens=q_cu, kv_lens=kv,
+                                num_heads=n, num_kv_heads=kvn, scale=impl.scale, sinks=sinks,
+                                sliding_window=impl.sliding_window, mask=kernels.causal_template(torch.int8,
+                                                                                                 query.device))
     stream = torch_npu.npu.current_stream()
     event = torch.npu.ExternalEvent()
     event.wait(stream)
     event.reset(stream)
     torch.npu.graph_task_group_begin(stream)
-    kernels.fused_attention_out(path, query, key, value, out=output, softmax_lse=lse, workspace=workspace,
-                                **geometry)
+    kernels.relaunch_out(path, launch, query, key, value, out=output, softmax_lse=lse, workspace=workspace)
     handle = torch.npu.graph_task_group_end(stream)
     if path == kernels.LSE and sinks is not None:
         kernels.sink_rescale_(output, lse, sinks)
@@ -301,7 +311,8 @@ def capture_decode(impl: Any, layer: Any, query: Any, output: Any, attn_metadata
         layer_name=name, capture_size=size, path=path, query=_weak(query), key_cache=_weak(key),
         value_cache=_weak(value), block_table=block_table, query_cu_lens=q_cu, seq_lens=kv, sinks=sinks,
         sliding_window=impl.sliding_window, scale=impl.scale, num_heads=n, num_kv_heads=kvn, output=_weak(output),
-        softmax_lse=lse, workspace=workspace)
+        softmax_lse=lse, workspace=workspace, launch=launch, block_size=block_size,
+        max_blocks=int(block_table.shape[1]))
     gp.events[size].append(event)
     gp.attn_params[size].append(record)
     gp.handles[size].append(handle)
@@ -365,14 +376,12 @@ def _launch_lengths(rec: GptOssAttnParams, metadata: Any, size: int, cache: dict
             raise AclGraphUpdateError(rec.layer_name, size, f"unusable metadata ({exc})") from exc
         cache[id(meta)] = hit
     q_cu, kv = hit
-    rows, width = rec.block_table.shape[0], rec.block_table.shape[1]
-    block_size = rec.key_cache.shape[1]
-    if len(q_cu) != rows:
-        raise AclGraphUpdateError(rec.layer_name, size, f"{len(q_cu)} sequences for the {rows} block-table rows "
-                                                        "captured")
-    if kv and max(kv) > width * block_size:
+    if len(q_cu) != rec.capture_size:  # decode: one row per sequence, T rows = T block-table rows
+        raise AclGraphUpdateError(rec.layer_name, size, f"{len(q_cu)} sequences for the {rec.capture_size} "
+                                                        "block-table rows captured")
+    if kv and max(kv) > rec.max_blocks * rec.block_size:
         raise AclGraphUpdateError(rec.layer_name, size, f"a sequence of {max(kv)} tokens exceeds the captured block "
-                                                        f"table ({width} blocks of {block_size})")
+                                                        f"table ({rec.max_blocks} blocks of {rec.block_size})")
     return hit
 
 
@@ -421,6 +430,7 @@ def _update_attn_params(wrapped, instance, args, kwargs):
     if not params or not any(type(p) is GptOssAttnParams for p in params):
         return wrapped(*args, **kwargs)
     import torch
+    import torch_npu
 
     from gptoss_patch.kernels import attention as kernels
 
@@ -439,11 +449,9 @@ def _update_attn_params(wrapped, instance, args, kwargs):
         for (rec, handle, event), (q_cu, kv) in zip(ours, launches):
             try:
                 torch.npu.graph_task_update_begin(update_stream, handle)
-                kernels.fused_attention_out(
-                    rec.path, rec.query, rec.key_cache, rec.value_cache, block_table=rec.block_table,
-                    query_cu_lens=q_cu, kv_lens=kv, num_heads=rec.num_heads, num_kv_heads=rec.num_kv_heads,
-                    scale=rec.scale, sinks=rec.sinks, sliding_window=rec.sliding_window, out=rec.output,
-                    softmax_lse=rec.softmax_lse, workspace=rec.workspace)
+                kernels.relaunch_out(rec.path, rec.launch, rec.query, rec.key_cache, rec.value_cache,
+                                     out=rec.output, softmax_lse=rec.softmax_lse, workspace=rec.workspace,
+                                     query_cu_lens=q_cu, kv_lens=kv, torch_npu=torch_npu)
                 torch.npu.graph_task_update_end(update_stream)
                 event.record(update_stream)
             except AclGraphUpdateError:

@@ -31,8 +31,8 @@ How
     layer's weights - asked from the same functions its ``process_weights_after_loading`` calls (``is_310p()`` and
     ``is_enable_nz(dtype)`` / ``is_enable_nz()``, looked up in the wrapped function's module globals), and only for
     bf16/fp16/int8 weights (an fp32 NZ weight is rejected whatever its shape); if the release's decision cannot be
-    read, it pads (always safe, costs memory). ``always`` pads every unaligned ``swigluoai`` layer (any dtype), ``never``
-    disables the patch's effect. Any other value raises ``ValueError`` at model load.
+    read, it pads (always safe, costs memory). ``always`` pads every unaligned ``swigluoai`` layer (any dtype),
+    ``never`` disables the patch's effect. Any other value raises ``ValueError`` at model load.
 
     Tensor and expert parallelism need nothing special: ``I`` is read from the layer's own parameters (``2880 / TP``
     without EP; ``2880`` with EP, which is aligned). ``w2_bias (E, H)`` does not depend on ``I``.

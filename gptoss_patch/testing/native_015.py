@@ -12,7 +12,8 @@ the way vLLM and vllm-ascend 0.15 do at run time:
   by 0.15's own ``AscendAttentionMetadataBuilder.build`` from an ``AscendCommonAttentionMetadata`` (the
   0.15 builder makes its own masks: ``attn_mask`` = 2048² int8 causal template, ``swa_mask`` = 2048² bool
   band, ``attention/attention_mask.py``). The attention state follows 0.15's
-  ``NPUModelRunner._build_attn_state``.
+  ``NPUModelRunner._build_attn_state``. KV block 0 is kept as vLLM's null block (all zeros, never assigned),
+  so tests can apply block tables from vLLM's ``SlidingWindowManager``.
 * :func:`make_impl`, :func:`run_native_forward` - 0.15's ``AscendAttentionBackendImpl`` built with the
   arguments vLLM's ``Attention.__init__`` passes (``sinks=`` as an extra impl argument), and its eager
   ``forward`` inside ``set_ascend_forward_context``.
@@ -26,7 +27,8 @@ and ``GptOssForCausalLM.from_pretrained`` on the same checkpoint (MoE).
 What cannot run here, and why (each checked by :func:`vllm_context`):
 
 * ``adapt_patch()`` (the worker patches) imports ``vllm.transformers_utils.processors``, which imports
-  ``torchvision``; no torchvision imports beside the cell's CPU torch 2.13 (machine notes). The worker
+  ``torchvision``; no torchvision imports beside the cell's CPU torch 2.13 (machine notes). (It is the only
+  failing import; the import-time dependencies the cell installs are listed in noxfile.py.) The worker
   patch package then stops at ``patch_huanyuan_vl``: the nine patch modules listed before it are applied,
   the four from ``patch_huanyuan_vl`` on (HunYuan-VL processor, routed-experts capturer - used only with
   ``enable_return_routed_experts`` -, Triton NPU-graph, Kimi-K2.5) are not; none is on GPT-OSS's eager

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, clean_env
 from gptoss_patch.checkpoint import check_checkpoint, expected_tensors
 
 
@@ -210,3 +210,19 @@ def test_cli(tiny):
     proc = subprocess.run([sys.executable, "-m", "gptoss_patch.checkpoint", str(tiny), "-tp", "3"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 1 and "PROBLEM: tensor-parallel size 3" in proc.stdout
+
+
+def test_verify_model_includes_the_checkpoint_report(tiny, tmp_path):
+    bad = copy(tiny, tmp_path)
+    rewrite(bad / "model.safetensors", lambda t: t.pop("model.layers.0.mlp.router.bias"))
+    # GPTOSS_PATCH_DISABLE keeps verify from importing vllm-ascend: only the checkpoint part matters here
+    env = dict(clean_env(GPTOSS_PATCH_DISABLE="1"))
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--no-children", "--json", "--model", str(bad),
+                           "--tensor-parallel-size", "8"], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                          env=env)
+    assert proc.returncode == 1
+    report = json.loads(proc.stdout)
+    assert report["checkpoint"]["facts"]["intermediate_size_per_rank"] == 45
+    problem = (f"checkpoint: {bad / 'model.safetensors'}: tensor model.layers.0.mlp.router.bias missing "
+               "(expected shape [8])")
+    assert problem in report["problems"] and not report["ok"]
