@@ -64,8 +64,8 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
     Returns:
         The :class:`gptoss_patch.registry.Status` after activation.
 
-    Raises:
-        ValueError: ``GPTOSS_PATCH_FORCE`` is set to a non-boolean value.
+    Never raises for bad configuration: a malformed ``GPTOSS_PATCH_DISABLE``/``GPTOSS_PATCH_FORCE`` gives a
+    *refuse* decision naming the variable, with the GPT-OSS guard armed.
     """
     global _decision, _versions, _registry
     with _lock:
@@ -73,12 +73,17 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
         if _decision is not None:
             return status()
         _versions = environment.installed_versions()
-        if _env_flag("GPTOSS_PATCH_DISABLE"):
-            _decision = matrix.Decision(DISABLED, "GPTOSS_PATCH_DISABLE=1: no patch is applied (the GPT-OSS guard "
-                                                  "stays armed)")
-        else:
+        try:
+            disabled = _env_flag("GPTOSS_PATCH_DISABLE")
             if force is None:
                 force = _env_flag("GPTOSS_PATCH_FORCE")
+        except ValueError as exc:  # fail closed: a typo must not leave GPT-OSS unpatched *and* unguarded
+            disabled, force = None, False
+            _decision = matrix.Decision(matrix.REFUSE, f"configuration error: {exc}; nothing is patched")
+        if disabled:
+            _decision = matrix.Decision(DISABLED, "GPTOSS_PATCH_DISABLE=1: no patch is applied (the GPT-OSS guard "
+                                                  "stays armed)")
+        elif disabled is not None:
             _decision = matrix.decide(_versions.vllm_ascend, _versions.vllm, force=force,
                                       structural_check=_structural_check)
         if _decision.forced:
@@ -131,12 +136,13 @@ def _hook(registry: Registry, module) -> None:
 
 
 def deactivate() -> Status:
-    """Remove every applied patch (originals restored, by-value names rebound back). Returns the status."""
+    """Remove every applied patch (originals restored, by-value names rebound back). Returns the status.
+
+    The GPT-OSS guard stays armed: after this, building a GPT-OSS model raises ``GptOssNotPatchedError``.
+    """
     with _lock:
         if _registry is not None:
-            _registry.remove_all()
-        if _guard is not None:
-            _guard.remove_all()
+            _registry.remove_all()  # the guard stays: GPT-OSS built now would meet unpatched upstream code
         return status()
 
 

@@ -46,8 +46,8 @@ def _report(exc):
     _reported = True
     try:
         sys.stderr.write(
-            "gptoss-patch: start-up hook failed (%s: %s); continuing without GPT-OSS patches. "
-            "Set GPTOSS_PATCH_DISABLE=1 to silence.\n" % (type(exc).__name__, exc)
+            "gptoss-patch: start-up hook failed (%s: %s); GPT-OSS models will be refused on vllm-ascend "
+            "until this is fixed.\n" % (type(exc).__name__, exc)
         )
     except BaseException:  # noqa: BLE001 - stderr may be closed; start-up must go on
         pass
@@ -131,14 +131,16 @@ def install():
     try:
         if _flag("GPTOSS_PATCH_SIMULATE_NPU"):  # a test facility, independent of the patches
             sys.meta_path.insert(0, _SimulatedNPUFinder())
-        # GPTOSS_PATCH_DISABLE is honoured by activate() (no patch; the GPT-OSS guard stays armed);
-        # a malformed value is reported here, at start-up.
-        _flag("GPTOSS_PATCH_DISABLE")
         if "vllm_ascend" in sys.modules:  # e.g. install() called late by an embedding app
             import gptoss_patch
 
             gptoss_patch.activate(source="import-hook")
             return
+        # Installed whatever the other variables say: activate() records a malformed value as a *refuse*
+        # decision and arms the GPT-OSS guard, so a typo can never leave GPT-OSS unpatched and unguarded.
         sys.meta_path.insert(0, _ActivateOnImport())
+        # Reported here too, once, at start-up (GPTOSS_PATCH_DISABLE is honoured by activate()).
+        _flag("GPTOSS_PATCH_DISABLE")
+        _flag("GPTOSS_PATCH_FORCE")
     except BaseException as exc:  # noqa: BLE001 - never break interpreter start-up
         _report(exc)

@@ -37,8 +37,10 @@ APPLIED = "applied"
 SKIPPED = "skipped"
 FAILED = "failed"
 
-#: Attribute set on our FunctionWrapper objects; its value is the patch name.
-MARKER = "_gptoss_patch_name"
+#: Attribute set on our FunctionWrapper objects; its value is the patch name. The ``_self_`` prefix keeps it on
+#: the wrapper: wrapt forwards any other attribute assignment to the wrapped (original) function, which would
+#: mark the *original* as patched and survive removal.
+MARKER = "_self_gptoss_patch_name"
 
 
 @dataclass(frozen=True)
@@ -289,7 +291,7 @@ class Registry:
         except AttributeError as exc:
             st.state, st.reason = FAILED, f"target not found: {exc}"
             return
-        if getattr(original, MARKER, None) == spec.name:
+        if isinstance(original, wrapt.ObjectProxy) and getattr(original, MARKER, None) == spec.name:
             st.state, st.reason = APPLIED, "already wrapped"
             return
         problems = runtime_check(spec, original)
@@ -317,7 +319,10 @@ class Registry:
             current = module.__dict__.get(applied.attribute)
             if current is applied.original:
                 setattr(module, applied.attribute, applied.wrapper)
-                applied.rebound.append((module, applied.attribute, applied.original))
+            if module.__dict__.get(applied.attribute) is applied.wrapper:  # ours, however it got there: restore it
+                entry = (module, applied.attribute, applied.original)
+                if entry not in applied.rebound:
+                    applied.rebound.append(entry)
 
     def remove_all(self) -> None:
         """Restore every original object (and rebound names); patches become *skipped* ("deactivated")."""

@@ -90,10 +90,19 @@ def spawn_child_status(timeout: float = 300.0) -> dict[str, Any]:
     queue = ctx.Queue()
     proc = ctx.Process(target=_spawn_target, args=(queue,))
     proc.start()
-    try:
-        result = queue.get(timeout=timeout)
-    except Exception as exc:  # noqa: BLE001
-        result = {"error": f"spawn child gave no status: {type(exc).__name__}: {exc}"}
+    import queue as queue_mod
+    import time
+
+    deadline = time.monotonic() + timeout
+    result: dict[str, Any] | None = None
+    while result is None and time.monotonic() < deadline:
+        try:
+            result = queue.get(timeout=1.0)
+        except queue_mod.Empty:
+            if not proc.is_alive():  # died without reporting: do not wait out the timeout
+                result = {"error": f"spawn child exited with code {proc.exitcode} before reporting its status"}
+    if result is None:
+        result = {"error": f"spawn child gave no status within {timeout:.0f} s"}
     proc.join(timeout=30)
     return result
 
@@ -125,11 +134,17 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
             report["problems"].append(f"importing vllm-ascend failed: {import_error}")
         status = gptoss_patch.status()
     report["status"] = status.as_dict()
-    if status.decision == "refuse" and versions.vllm_ascend is not None:
+    if status.decision in ("refuse", "disabled") and versions.vllm_ascend is not None:
         report["problems"].append(f"stack not covered: {status.reason}")
-    for p in status.patches:
-        if p.state != "applied":
-            report["problems"].append(f"patch {p.name} is {p.state}: {p.reason}")
+    if import_error and "torch_npu" in import_error:
+        report["problems"].append("no NPU runtime (torch_npu) in this environment: on a host without an Ascend NPU "
+                                  "run `python -m gptoss_patch.verify --simulate`")
+    elif import_error is None:
+        for p in status.patches:
+            if p.state != "applied":
+                report["problems"].append(f"patch {p.name} is {p.state}: {p.reason}")
+    if status.decision == "apply" and not status.ok and not report["problems"]:
+        report["problems"].append("not every GPT-OSS patch is applied")
     if children and status.decision in ("apply", "stand-down") and not import_error:
         fresh = child_interpreter_status()
         spawned = spawn_child_status()
@@ -275,6 +290,17 @@ def _print_matrix() -> None:
         print("  ".join(r[c].ljust(widths[c]) for c in cols[:-1]) + "  " + r["note"])
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (tensor-parallel sizes)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status (0 ok, 1 problems, 2 usage error)."""
     ap = argparse.ArgumentParser(prog="python -m gptoss_patch.verify", description=__doc__.split("\n\n")[0])
@@ -284,7 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--matrix", action="store_true", help="print the version matrix and exit")
     ap.add_argument("--no-children", action="store_true", help="skip the fresh-interpreter and spawn checks")
     ap.add_argument("--model", metavar="DIR", help="a GPT-OSS checkpoint directory: report what it needs (config.json)")
-    ap.add_argument("--tensor-parallel-size", type=int, default=1, metavar="N", help="with --model (default 1)")
+    ap.add_argument("--tensor-parallel-size", type=_positive_int, default=1, metavar="N",
+                    help="with --model (default 1)")
     _add_server_arguments(ap)  # operations kit (issue 9)
     try:
         args = ap.parse_args(argv)

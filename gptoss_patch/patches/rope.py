@@ -33,7 +33,11 @@ def _truncate_from_model_config() -> bool | None:
         from vllm.config import get_current_vllm_config
 
         hf = get_current_vllm_config().model_config.hf_config
-    except Exception:  # noqa: BLE001 - no current config: leave upstream's behaviour
+    except Exception as exc:  # noqa: BLE001 - no current config (a rope built outside model construction)
+        import logging
+
+        logging.getLogger("gptoss_patch").warning(
+            "gptoss-patch: YaRN rope built without a current vLLM model config (%s); truncate left as upstream's", exc)
         return None
     if getattr(hf, "model_type", None) != "gpt_oss":
         return None

@@ -9,10 +9,11 @@ reuse, greedy decode) and through transformers' ``GptOssForCausalLM`` in float32
 the reference tokens), and reports per conversation: tokens matched / compared and the max logit
 difference. Exit 0 only when every token matches.
 
-Token comparison: the vLLM model runs in bfloat16 like a deployment; the reference in float32. Each
-vLLM step is fed the reference's previous tokens (teacher forcing, as the runner emits the argmax and
-we compare it with the reference's argmax at the same prefix), so one near-tie cannot cascade into
-a different continuation. Logit tolerance: see :data:`LOGIT_TOLERANCE`.
+Token comparison: the vLLM model runs in float32 by default (``--dtype bfloat16`` for the deployment
+dtype; the simulator accepts float32 as a documented extension - the real fused operators take fp16/bf16),
+the reference in float32. Each vLLM step is fed the reference's previous tokens (teacher forcing: the runner
+emits its own argmax, compared with the reference's argmax at the same prefix), so one near-tie cannot
+cascade into a different continuation. Logit tolerance: see :data:`LOGIT_TOLERANCE`.
 """
 
 from __future__ import annotations
@@ -138,9 +139,16 @@ def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32") -
     report = Report(mode=f"eager, {dtype}", logit_tolerance=LOGIT_TOLERANCE[dtype])
     t0 = time.perf_counter()
     workdir.mkdir(parents=True, exist_ok=True)
-    checkpoint = workdir / "gpt-oss-tiny"
-    if not (checkpoint / "config.json").exists():
-        write_checkpoint(checkpoint, preset="tiny", seed=seed, tokenizer=True)
+    checkpoint = workdir / f"gpt-oss-tiny-seed{seed}"
+    if not (checkpoint / ".complete").exists():  # written whole into a temporary directory, then renamed
+        import shutil
+        import tempfile
+
+        tmp = Path(tempfile.mkdtemp(prefix=".gpt-oss-tiny-", dir=workdir))
+        write_checkpoint(tmp, preset="tiny", seed=seed, tokenizer=True)
+        (tmp / ".complete").write_text("ok\n")
+        shutil.rmtree(checkpoint, ignore_errors=True)
+        os.replace(tmp, checkpoint)
     encoding = harmony_encoding(workdir / "vocab")
     prompts = render_prompts(encoding)
     report.seconds["setup"] = round(time.perf_counter() - t0, 1)

@@ -105,7 +105,8 @@ def graph_env():
 class Toy:
     """``h -> h + Attention(h Wq, h Wk, h Wv) Wo`` per layer with real vLLM ``Attention`` layers.
 
-    ``kinds[i]``: ``"sliding"`` (window 128 + sinks), ``"full"`` (sinks), ``"plain"`` (neither: upstream's code).
+    ``kinds[i]``: ``"sliding"`` (window 128 + sinks), ``"full"`` (sinks), ``"plain"`` (neither: upstream's code),
+    ``"window"`` (window, no sinks: a non-GPT-OSS sliding layer, also ours - upstream would bake its lengths).
     Returns ``(h, attn_0, ..., attn_{L-1})``, each ``(T, ...)``; eager runs also keep each layer's query.
     """
 
@@ -117,9 +118,9 @@ class Toy:
         self.layers = []
         with set_current_vllm_config(cfg):
             for i, kind in enumerate(kinds):
-                extra = {} if kind == "plain" else {"sinks": sinks[i]}
+                extra = {} if kind in ("plain", "window") else {"sinks": sinks[i]}
                 attn = Attention(N, D, SCALE, num_kv_heads=KVN, cache_config=cfg.cache_config, prefix=_layer_name(i),
-                                 per_layer_sliding_window=WINDOW if kind == "sliding" else None, **extra)
+                                 per_layer_sliding_window=WINDOW if kind in ("sliding", "window") else None, **extra)
                 attn.kv_cache = [caches[i]]
                 self.layers.append(attn)
 
@@ -219,7 +220,7 @@ class Harness:
             positions=None, attn_mask=None, attn_state=AscendAttentionState.DecodeOnly, num_input_tokens=num_tokens)
 
     def dummy_metadata(self, size):
-        """``NPUModelRunner._build_dummy_attn_metadata``: ``size`` requests of length 1 (``build_for_graph_capture``)."""
+        """``NPUModelRunner._build_dummy_attn_metadata``: ``size`` requests of length 1, ``build_for_graph_capture``."""
         meta = {}
         for i, g in enumerate(self.groups):
             g.seq_lens_cpu[:size] = 1
@@ -424,6 +425,8 @@ def test_piecewise_config_splits_at_unified_ascend_attention(tmp_path):
 
 
 class _OpLog(TorchDispatchMode):
+    """Names of the ATen / custom operators dispatched while active."""
+
     def __init__(self):
         super().__init__()
         self.names = []
@@ -442,7 +445,7 @@ def test_piecewise_pieces_replay_around_eager_attention(graph_env):
 
     kinds = ["sliding", "full", "plain"]
     hz = Harness(kinds, init_lens=(110, 126, 127, 250), offsets=[0, 5, 9], sizes=(4,))
-    model, wts = hz.graph_model, hz.graph_model.weights
+    wts = hz.graph_model.weights
 
     def piece(i):
         def run(h, a):
@@ -510,7 +513,7 @@ def test_sink_window_attention_is_capture_safe(graph_env):
 
     hz = Harness(["sliding", "full"], init_lens=(127, 128, 300), offsets=[0, 0], sizes=(4,))
     meta = hz.step_metadata([0, 1, 2], 4)
-    with torch.inference_mode(), hz.context(hz.cfg_g, meta, CUDAGraphMode.NONE, 4):
+    with operator_path("v2"), torch.inference_mode(), hz.context(hz.cfg_g, meta, CUDAGraphMode.NONE, 4):
         g = torch.npu.NPUGraph()
         with torch.npu.graph(g):
             outs = hz.graph_model(hz.x[:4])
@@ -533,7 +536,7 @@ def test_sink_window_attention_is_capture_safe(graph_env):
 # FULL_DECODE_ONLY
 
 
-MIXED = ["sliding", "full", "plain", "sliding", "full", "plain"]
+MIXED = ["sliding", "full", "plain", "sliding", "full", "window", "plain"]
 
 
 def _check_records(ag, hz):
@@ -549,8 +552,8 @@ def _check_records(ag, hz):
         for r, k in zip(recs, hz.kinds):
             if k != "plain":
                 assert r.capture_size == size and r.query_cu_lens == list(range(1, size + 1))
-                assert r.sliding_window == (WINDOW if k == "sliding" else None) and r.sinks is not None
-                assert r.block_table.shape[0] == size
+                assert r.sliding_window == (None if k == "full" else WINDOW)
+                assert (r.sinks is None) == (k == "window") and r.block_table.shape[0] == size
             else:
                 assert len(r) == 9  # still upstream's tuple
     return gp
@@ -558,7 +561,8 @@ def _check_records(ag, hz):
 
 @pytest.mark.parametrize("path", ["v2", "lse"])
 def test_full_decode_only_200_steps_equal_eager(graph_env, path):
-    """Capture at 1, 2, 4, 8 with GPT-OSS (sinks, sliding/full) and plain layers in one graph; 200 decode steps with
+    """Capture at 1, 2, 4, 8 with GPT-OSS (sinks, sliding/full), a window-only layer and plain (upstream paged
+    attention) layers in one graph, each layer its own sequence lengths; 200 decode steps with
     lengths crossing the 128 window and 128-token blocks, batches padded up to the capture size; every step's
     output == eager exactly (float32), attention rows == transformers within 1e-5 (every 10th step)."""
     ag = graph_env
@@ -566,7 +570,7 @@ def test_full_decode_only_200_steps_equal_eager(graph_env, path):
         hz = Harness(MIXED)
         hz.capture()
         gp = _check_records(ag, hz)
-        assert {r.path for r in gp.attn_params[8] if hasattr(r, "path")} == {path}
+        assert {r.path for r in gp.attn_params[8] if hasattr(r, "path") and r.sinks is not None} == {path}
         steps = 200
         seen_sizes, padded = set(), 0
         for step, b in enumerate(_batch_sizes(steps)):
@@ -580,8 +584,9 @@ def test_full_decode_only_200_steps_equal_eager(graph_env, path):
                 for i, kind in enumerate(hz.kinds):
                     kv = [hz.keys_values(i, r) for r in active]
                     ref = transformers_decode(hz.eager_model.queries[i][:b].view(b, N, D), [k for k, _ in kv],
-                                              [v for _, v in kv], sinks=None if kind == "plain" else hz.sinks[i],
-                                              window=WINDOW if kind == "sliding" else None)
+                                              [v for _, v in kv],
+                                              sinks=None if kind in ("plain", "window") else hz.sinks[i],
+                                              window=WINDOW if kind in ("sliding", "window") else None)
                     err = (outs_g[i + 1][:b].view(b, N, D) - ref).abs().max().item()
                     assert err <= 1e-5, f"step {step} layer {i} ({kind}): {err}"
         assert seen_sizes == set(SIZES) and padded > 50
@@ -625,16 +630,6 @@ def test_update_pairs_records_by_layer_name(graph_env):
                 assert torch.equal(og[:b], oe[:b])
 
 
-class _Count(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(str(func))
-        return func(*args, **(kwargs or {}))
-
-
 def test_update_issues_no_tensor_work_and_reuses_captured_buffers(graph_env):
     """Our update: host lists only - no ATen op (no allocation, no copy, no host read) - and each launch passes the
     captured query/output/LSE/workspace again (the op-plugin doc order update -> replay is used here, so no replay
@@ -649,10 +644,10 @@ def test_update_issues_no_tensor_work_and_reuses_captured_buffers(graph_env):
         ptrs = [t.data_ptr() for t in (rec.query, rec.output, rec.softmax_lse, rec.workspace)]
         meta = hz.step_metadata([0, 1], 2)
         with torch.inference_mode(), hz.context(hz.cfg_g, meta, CUDAGraphMode.FULL, 2) as fc:
-            count = _Count()
-            with count:
+            log = _OpLog()
+            with log:
                 ag.update_attn_params(hz.update_stream, fc, 2, None)
-            assert count.ops == []
+            assert log.names == []
             hz.wrapper(hz.x[:2])  # replay after the update (op-plugin doc order): nothing waits
             assert not hz.wrapper.concrete_aclgraph_entries[fc.batch_descriptor].aclgraph.sim_pending
         assert [t.data_ptr() for t in (rec.query, rec.output, rec.softmax_lse, rec.workspace)] == ptrs
@@ -763,8 +758,7 @@ def test_update_patch_applied_and_bound_in_model_runner(runner_child):
     assert not runner_child["after_deactivate"]["ag_patched"]
 
 
-@pytest.mark.xfail(strict=True, reason="registry: model_runner_v1 binds update_attn_params by value *after* the "
-                                       "patch applied (it imports acl_graph first), so Registry._rebind finds the "
-                                       "wrapper, records nothing, and remove_all() leaves it there")
 def test_deactivate_restores_model_runner_binding(runner_child):
+    # model_runner_v1 binds update_attn_params by value *after* the patch applied (it imports acl_graph first):
+    # Registry._rebind records such a binding too, so remove_all() restores it.
     assert not runner_child["after_deactivate"]["runner_patched"]

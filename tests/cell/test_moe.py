@@ -256,13 +256,13 @@ def test_moe_patches_applied_and_by_value_name_rebound(configs):
     assert type(layer.quant_method) is cfm.AscendUnquantizedFusedMoEMethod
     assert layer.moe_config.has_bias and layer.activation == "swigluoai"
     assert mcm.unified_apply_mlp is mlp.unified_apply_mlp
-    assert getattr(mcm.unified_apply_mlp, "_gptoss_patch_name", None) == "moe.apply_mlp"
+    assert getattr(mcm.unified_apply_mlp, "_self_gptoss_patch_name", None) == "moe.apply_mlp"
     # all four 0.11.0 communication methods inherit the patched fused_experts
     impls = [mcm.AllGatherCommImpl, mcm.MC2CommImpl, mcm.AlltoAllCommImpl, mcm.NaiveMulticastCommImpl]
     for cls in impls:
         below = cls.__mro__[:cls.__mro__.index(MoECommMethod)]
         assert not any("fused_experts" in k.__dict__ for k in below), cls
-    assert getattr(MoECommMethod.__dict__["fused_experts"], "_gptoss_patch_name", None) == "moe.fused_experts"
+    assert getattr(MoECommMethod.__dict__["fused_experts"], "_self_gptoss_patch_name", None) == "moe.fused_experts"
 
 
 def test_upstream_routing_is_gptoss_routing(configs):

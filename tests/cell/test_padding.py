@@ -300,7 +300,7 @@ def test_patch_is_applied_to_the_011_method():
     assert states["weights.pad_moe_intermediate"] == (
         "applied", "vllm_ascend.ops.common_fused_moe:AscendUnquantizedFusedMoEMethod.process_weights_after_loading")
     attr = cfm.AscendUnquantizedFusedMoEMethod.__dict__["process_weights_after_loading"]
-    assert getattr(attr, "_gptoss_patch_name", None) == "weights.pad_moe_intermediate"
+    assert getattr(attr, "_self_gptoss_patch_name", None) == "weights.pad_moe_intermediate"
 
 
 @pytest.mark.parametrize("mode, eagle, want", [(0, False, False), (1, False, False), (2, False, False),

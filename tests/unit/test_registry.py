@@ -103,7 +103,7 @@ def test_runtime_structural_check_fails_without_half_applying(pkg):
     reg.on_import(target)
     st = reg.states["t.bad"]
     assert st.state == FAILED and "block_size" in st.reason
-    assert not hasattr(target.Impl.__dict__["__init__"], "_gptoss_patch_name")
+    assert not hasattr(target.Impl.__dict__["__init__"], "_self_gptoss_patch_name")
 
 
 def test_absent_parameter_check_detects_native_support(pkg):
