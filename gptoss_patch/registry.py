@@ -291,7 +291,7 @@ class Registry:
         except AttributeError as exc:
             st.state, st.reason = FAILED, f"target not found: {exc}"
             return
-        if isinstance(original, wrapt.ObjectProxy) and getattr(original, MARKER, None) == spec.name:
+        if getattr(original, MARKER, None) == spec.name:
             st.state, st.reason = APPLIED, "already wrapped"
             return
         problems = runtime_check(spec, original)
