@@ -208,8 +208,8 @@ def _check_update_patched(layer_name: str, size: int) -> None:
 def is_patched(fn: Any) -> bool:
     """True when ``fn`` is (or wraps, through wrapt proxies) our update wrapper.
 
-    Checked through the wrapper chain, not :data:`~gptoss_patch.registry.MARKER`: setting an attribute on a
-    ``wrapt.FunctionWrapper`` forwards it to the wrapped function, so the original carries the marker too.
+    Checked by identity of the wrapper function along the ``__wrapped__`` chain, so another library's wrapper
+    around ours still counts and a look-alike does not.
     """
     for _ in range(8):
         if fn is None:
