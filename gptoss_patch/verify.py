@@ -154,24 +154,29 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
                 why = d.get("error") or d.get("import_error") or d.get("reason")
                 report["problems"].append(f"activation not proven in a {label}: {why}")
     if simulate and status.decision == "apply" and not import_error:
-        job = run_main_job()
-        report["main_job"] = job
-        if not job.get("ok"):
-            report["problems"].append("the simulated GPT-OSS run did not reproduce the reference: "
-                                      + (job.get("error") or "token or logit mismatch (see main job report)"))
+        report["main_job"] = {}
+        for mode, graph in (("eager", False), ("graph", True)):
+            job = run_main_job(graph=graph)
+            report["main_job"][mode] = job
+            if not job.get("ok"):
+                report["problems"].append(f"the simulated GPT-OSS run ({mode}) did not reproduce the reference: "
+                                          + (job.get("error") or "token or logit mismatch (see main job report)"))
     report["ok"] = not report["problems"]
     return report
 
 
-def run_main_job(steps: int = 32, timeout: float = 1800.0) -> dict[str, Any]:
+def run_main_job(steps: int = 32, graph: bool = False, timeout: float = 1800.0) -> dict[str, Any]:
     """Run :mod:`gptoss_patch.testing.main_job` in a child interpreter on the simulator; its JSON report.
+
+    ``graph``: decode steps through FULL_DECODE_ONLY ACL graphs (capture, replay, parameter update).
 
     A child keeps vLLM's process-wide state (distributed groups, current config) out of this process.
     """
     env = dict(os.environ, GPTOSS_PATCH_SIMULATE_NPU="1", VLLM_LOGGING_STREAM="ext://sys.stderr",
                VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.testing.main_job", "--json", "--steps", str(steps)],
-                          capture_output=True, text=True, env=env, timeout=timeout)
+    cmd = [sys.executable, "-m", "gptoss_patch.testing.main_job", "--json", "--steps", str(steps)]
+    proc = subprocess.run(cmd + (["--graph"] if graph else []), capture_output=True, text=True, env=env,
+                          timeout=timeout)
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
@@ -249,29 +254,20 @@ def _print_human(report: dict[str, Any]) -> None:
         ok = "error" not in d and d.get("ok") and not d.get("import_error")
         print(f"  activation in {label.replace('_', ' ')}: {'ok' if ok else 'FAILED'} "
               f"({d.get('decision')}, {sum(p['state'] == 'applied' for p in d.get('patches', []))} patches applied)")
-    job = report.get("main_job")
-    if job and "conversations" in job:
+    for job in (report.get("main_job") or {}).values():
+        if "conversations" not in job:
+            continue
         print(f"  simulated GPT-OSS run ({job['mode']}; vLLM GptOssForCausalLM on patched vllm-ascend vs transformers):")
+        extra = (f"; decode steps replayed from ACL graphs: {job['graph_steps']} (sizes {job['captured_sizes']})"
+                 if job.get("graph_steps") else "")
         print(f"    attention states: {', '.join(job['states_seen'])}; prefix-cache blocks reused: "
-              f"{job['reused_prefix_blocks']}")
+              f"{job['reused_prefix_blocks']}{extra}")
         for i, c in enumerate(job["conversations"]):
             print(f"    conversation {i}: prompt {c['prompt_tokens']} tokens, tokens matched {c['matched']}/{c['compared']}, "
                   f"max |logit diff| {c['max_logit_diff']:.1e} (tolerance {job['logit_tolerance']:g})")
         print(f"    conversation 0 decoded: {job['decoded_first'][:120]!r}")
         print(f"    harmony channels: {job['harmony_parse']}")
         print(f"    time (s): {job['seconds']}")
-    m = report.get("model")
-    if m:
-        print(f"  model {m['model']}: {m['model_type']}, {m['num_hidden_layers']} layers, {m['num_local_experts']} "
-              f"experts, hidden {m['hidden_size']}, intermediate {m['intermediate_size']}"
-              + (f", quantization {m['quantization']}" if m["quantization"] else ""))
-        size = (f"{m['moe_intermediate_per_rank']} -> padded to {m['moe_padded_to']}" if m["moe_padded_to"]
-                else f"{m['moe_intermediate_per_rank']}")
-        print(f"    tensor parallel {m['tensor_parallel_size']}: MoE intermediate per rank {size}; padding: "
-              f"{m['moe_padding']}")
-    if report.get("checkpoint"):  # operations kit (issue 9)
-        for line in _checkpoint_lines(report["checkpoint"]):
-            print("  " + line)
     if report["problems"]:
         print("  PROBLEMS:")
         for p in report["problems"]:

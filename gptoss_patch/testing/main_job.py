@@ -81,6 +81,8 @@ class Report:
     conversations: list[ConversationResult] = field(default_factory=list)
     states_seen: list[str] = field(default_factory=list)
     reused_prefix_blocks: int = 0
+    graph_steps: int = 0
+    captured_sizes: list[int] = field(default_factory=list)
     seconds: dict = field(default_factory=dict)
     decoded_first: str = ""
     harmony_parse: str = ""
@@ -130,13 +132,14 @@ def teacher_forced_reference(checkpoint: Path, prompts: list[list[int]], steps: 
     return reference_generate(checkpoint, prompts, steps, cache_dir=checkpoint.parent / "reference-cache")
 
 
-def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32") -> Report:
-    """Run the main job once (eager) and return the :class:`Report`."""
+def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32", graph: bool = False) -> Report:
+    """Run the main job once (eager, or FULL_DECODE_ONLY ACL graphs for the decode steps); return the report."""
     import gptoss_patch
     from gptoss_patch.testing.runner import SimulatedGptOss, ascend_context
     from gptoss_patch.testing.tiny import write_checkpoint
 
-    report = Report(mode=f"eager, {dtype}", logit_tolerance=LOGIT_TOLERANCE[dtype])
+    report = Report(mode=f"{'FULL_DECODE_ONLY graph' if graph else 'eager'}, {dtype}",
+                    logit_tolerance=LOGIT_TOLERANCE[dtype])
     t0 = time.perf_counter()
     workdir.mkdir(parents=True, exist_ok=True)
     checkpoint = workdir / f"gpt-oss-tiny-seed{seed}"
@@ -159,10 +162,12 @@ def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32") -
 
     t2 = time.perf_counter()
     with ascend_context(checkpoint, dtype=dtype) as config:
-        sim = SimulatedGptOss(config, num_blocks=48)
+        sim = SimulatedGptOss(config, num_blocks=48, graph=graph, max_decode_batch=len(prompts))
         reqs = sim.generate(prompts, steps, forced=[toks for toks, _ in ref])
         report.states_seen = sorted(sim.states_seen)
         report.reused_prefix_blocks = sim.reused_blocks
+        report.graph_steps = sim.graph_steps
+        report.captured_sizes = sorted(sim.captured_sizes)
     report.seconds["vllm"] = round(time.perf_counter() - t2, 1)
     for p, r, (toks, logits) in zip(prompts, reqs, ref):
         matched = sum(int(a == b) for a, b in zip(r.output, toks))
@@ -189,6 +194,9 @@ def print_report(report: Report) -> None:
           f"{report.status.get('versions', {}).get('vllm_ascend')} (NPU simulator) vs transformers float32")
     print(f"  attention states exercised: {', '.join(report.states_seen)}; KV blocks reused from the prefix "
           f"cache: {report.reused_prefix_blocks}")
+    if report.graph_steps:
+        print(f"  decode steps replayed from captured ACL graphs: {report.graph_steps} (capture sizes "
+              f"{report.captured_sizes})")
     for i, c in enumerate(report.conversations):
         flag = "ok" if c.matched == c.compared and c.max_logit_diff <= report.logit_tolerance else "MISMATCH"
         print(f"  conversation {i}: prompt {c.prompt_tokens} tokens, greedy tokens matched {c.matched}/{c.compared}, "
@@ -206,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--graph", action="store_true", help="decode steps through FULL_DECODE_ONLY ACL graphs")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if args.json:
@@ -213,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     from gptoss_patch.testing import npu_sim
 
     npu_sim.install()
-    report = run(args.workdir, steps=args.steps, dtype=args.dtype)
+    report = run(args.workdir, steps=args.steps, dtype=args.dtype, graph=args.graph)
     if args.json:
         d = asdict(report)
         d["ok"] = report.ok

@@ -72,7 +72,8 @@ class SimulatedGptOss:
 
     block_size = 128
 
-    def __init__(self, config: Any, *, num_blocks: int = 64, token_budget: int = 256):
+    def __init__(self, config: Any, *, num_blocks: int = 64, token_budget: int = 256, graph: bool = False,
+                 max_decode_batch: int = 8):
         from vllm.v1.worker.utils import bind_kv_cache
         from vllm_ascend.attention.attention_mask import AttentionMaskBuilder
         from vllm_ascend.attention.attention_v1 import AscendAttentionMetadataBuilder
@@ -103,6 +104,28 @@ class SimulatedGptOss:
         self.prefix_blocks: dict[tuple[int, ...], int] = {}  # full-block token prefix -> physical block
         self.states_seen: set[str] = set()
         self.reused_blocks = 0  # KV blocks served from the prefix cache instead of being computed
+        self.graph = graph
+        self.graph_steps = 0  # decode steps served by replaying a captured ACL graph
+        self.captured_sizes: set[int] = set()
+        if graph:
+            self._init_graph(max_decode_batch)
+
+    def _init_graph(self, max_batch: int) -> None:
+        """FULL_DECODE_ONLY as vllm-ascend 0.11's NPUModelRunner sets it up: graph params per capture size, the
+        model wrapped in vllm-ascend's own ``ACLGraphWrapper`` (FULL), static input buffers, an update stream."""
+        from vllm.compilation.monitor import set_cudagraph_capturing_enabled
+        from vllm.config import CUDAGraphMode
+        from vllm_ascend.compilation.acl_graph import ACLGraphWrapper, set_graph_params
+
+        set_graph_params(set(range(1, max_batch + 1)))
+        set_cudagraph_capturing_enabled(True)
+        self.graph_model = ACLGraphWrapper(self.model, self.config, runtime_mode=CUDAGraphMode.FULL)
+        width = -(-self.config.model_config.max_model_len // self.block_size)
+        self.static = {"input_ids": torch.zeros(max_batch, dtype=torch.long),
+                       "positions": torch.zeros(max_batch, dtype=torch.long),
+                       "slots": torch.zeros(max_batch, dtype=torch.int32),
+                       "block_table": torch.zeros(max_batch, width, dtype=torch.int32)}
+        self.update_stream = torch.npu.Stream()
 
     # ---------------------------------------------------------------- blocks and prefix reuse
     def _reuse_prefix(self, req: Request) -> None:
@@ -165,11 +188,24 @@ class SimulatedGptOss:
             seq_lens.append(start + n)
             ctx_lens.append(start)
             tables.append(r.blocks)
-        width = max(len(t) for t in tables)
-        block_table = torch.zeros(len(plan), width, dtype=torch.int32)
-        for i, t in enumerate(tables):
-            block_table[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
         state = attn_state_for(list(zip(ctx_lens, q_lens)))
+        graph_step = self.graph and state.name == "DecodeOnly" and len(plan) <= self.static["input_ids"].shape[0]
+        if graph_step:  # captured graphs read fixed buffers: write this step's values into them
+            b = len(plan)
+            st = self.static
+            st["block_table"][:b].zero_()
+            for i, t in enumerate(tables):
+                st["block_table"][i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+            st["input_ids"][:b] = torch.tensor(ids)
+            st["positions"][:b] = torch.tensor(pos)
+            st["slots"][:b] = torch.tensor(slots, dtype=torch.int32)
+            block_table, slot_t = st["block_table"][:b], st["slots"][:b]
+        else:
+            width = max(len(t) for t in tables)
+            block_table = torch.zeros(len(plan), width, dtype=torch.int32)
+            for i, t in enumerate(tables):
+                block_table[i, :len(t)] = torch.tensor(t, dtype=torch.int32)
+            slot_t = torch.tensor(slots, dtype=torch.int32)
         self.states_seen.add(state.name)
         q_start = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
         seq_t = torch.tensor(seq_lens, dtype=torch.int32)
@@ -179,17 +215,20 @@ class SimulatedGptOss:
             query_start_loc=q_start.clone(), query_start_loc_cpu=q_start, seq_lens_cpu=seq_t,
             seq_lens=seq_t.clone(), num_computed_tokens_cpu=torch.tensor(ctx_lens, dtype=torch.int32),
             num_reqs=len(plan), num_actual_tokens=n_tok, max_query_len=max(q_lens), decode_token_per_req=1,
-            block_table_tensor=block_table, slot_mapping=torch.tensor(slots, dtype=torch.int32),
+            block_table_tensor=block_table, slot_mapping=slot_t,
             actual_seq_lengths_q=q_start[1:].tolist(), positions=torch.tensor(pos), attn_mask=mask,
             attn_state=state, num_input_tokens=n_tok)
         md = self.builder.build(0, common)
         per_layer = {name: md for name in self.layer_names}
-        input_ids = torch.tensor(ids, dtype=torch.long)
-        positions = torch.tensor(pos, dtype=torch.long)
-        # the MoE communication method the model runner would pick for this step (vllm_setup.select_moe_comm_type)
-        with vllm_setup.forward_context(self.config, n_tok, with_prefill=state.name != "DecodeOnly",
-                                        attn_metadata=per_layer):
-            hidden = self.model(input_ids=input_ids, positions=positions)
+        if graph_step:
+            hidden = self._graph_forward(n_tok, per_layer)
+        else:
+            input_ids = torch.tensor(ids, dtype=torch.long)
+            positions = torch.tensor(pos, dtype=torch.long)
+            # the MoE communication method the model runner would pick for this step (vllm_setup.select_moe_comm_type)
+            with vllm_setup.forward_context(self.config, n_tok, with_prefill=state.name != "DecodeOnly",
+                                            attn_metadata=per_layer):
+                hidden = self.model(input_ids=input_ids, positions=positions)
         last = q_start[1:].long() - 1
         logits = self.model.compute_logits(hidden[last]).float()
         for (r, n), row in zip(plan, logits):
@@ -199,6 +238,35 @@ class SimulatedGptOss:
                 r.logits.append(row)
             self._publish_prefix(r)
         return n_tok
+
+    def _graph_forward(self, b: int, per_layer: dict) -> torch.Tensor:
+        """A decode step of ``b`` requests through the FULL graph of size ``b``.
+
+        First use of a size: a capture run (``NPUModelRunner._capture_aclgraphs``: the wrapper captures while
+        ``forward_context.capturing`` is set). Then, as ``_generate_process_reqs_hidden_states`` does in 0.11:
+        replay, then ``update_attn_params(update_stream, forward_context, num_tokens)`` (the captured
+        ``ExternalEvent.wait`` holds the replayed attention until the update has rewritten its lengths).
+        """
+        from vllm.config import CUDAGraphMode
+        from vllm.forward_context import BatchDescriptor
+        from vllm_ascend.compilation import acl_graph
+
+        from gptoss_patch.testing import vllm_setup
+
+        args = {"input_ids": self.static["input_ids"][:b], "positions": self.static["positions"][:b]}
+        if b not in self.captured_sizes:
+            with vllm_setup.forward_context(self.config, b, with_prefill=False, attn_metadata=per_layer) as fc:
+                fc.cudagraph_runtime_mode = CUDAGraphMode.FULL
+                fc.batch_descriptor = BatchDescriptor(num_tokens=b, uniform_decode=True)
+                self.graph_model(**args)  # captures
+            self.captured_sizes.add(b)
+        with vllm_setup.forward_context(self.config, b, with_prefill=False, attn_metadata=per_layer) as fc:
+            fc.cudagraph_runtime_mode = CUDAGraphMode.FULL
+            fc.batch_descriptor = BatchDescriptor(num_tokens=b, uniform_decode=True)
+            hidden = self.graph_model(**args)  # replays (queued at the first captured event wait)
+            acl_graph.update_attn_params(self.update_stream, fc, b)
+        self.graph_steps += 1
+        return hidden
 
     def _mask(self, state, seq_lens):
         # vllm-ascend 0.11 NPUModelRunner._make_attention_mask

@@ -35,16 +35,20 @@ def test_verify_simulate_runs_the_main_job_and_every_token_matches():
                           text=True, timeout=2400)
     report = json.loads(proc.stdout)
     assert proc.returncode == 0, report["problems"]
-    job = report["main_job"]
-    assert job["ok"] and len(job["conversations"]) >= 4
-    for c in job["conversations"]:
-        assert 200 <= c["prompt_tokens"] <= 400
-        assert c["compared"] >= 32 and c["matched"] == c["compared"]
-        assert c["max_logit_diff"] <= job["logit_tolerance"]
-    assert {"PrefillNoCache", "ChunkedPrefill", "DecodeOnly"} <= set(job["states_seen"])
-    assert job["reused_prefix_blocks"] >= 1
-    applied = {p["name"] for p in job["status"]["patches"] if p["state"] == "applied"}
-    assert {"attention.keep_sinks", "attention.sink_window_forward", "rope.yarn_truncate"} <= applied
+    for mode in ("eager", "graph"):
+        job = report["main_job"][mode]
+        assert job["ok"] and len(job["conversations"]) >= 4, mode
+        for c in job["conversations"]:
+            assert 200 <= c["prompt_tokens"] <= 400
+            assert c["compared"] >= 32 and c["matched"] == c["compared"], (mode, c)
+            assert c["max_logit_diff"] <= job["logit_tolerance"], (mode, c)
+        assert {"PrefillNoCache", "ChunkedPrefill", "DecodeOnly"} <= set(job["states_seen"])
+        assert job["reused_prefix_blocks"] >= 1
+        applied = {p["name"] for p in job["status"]["patches"] if p["state"] == "applied"}
+        assert {"attention.keep_sinks", "attention.sink_window_forward", "rope.yarn_truncate", "moe.apply_mlp",
+                "aclgraph.update_attn_params"} <= applied, applied
+    assert report["main_job"]["eager"]["graph_steps"] == 0
+    assert report["main_job"]["graph"]["graph_steps"] >= 16  # pure decode steps replayed from captured graphs
 
 
 def test_guard_stops_a_gpt_oss_load_with_patches_disabled(tmp_path):

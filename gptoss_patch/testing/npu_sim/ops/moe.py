@@ -1237,7 +1237,20 @@ C_ASCEND_SCHEMAS: dict[str, str] = {
         "int expert_tokens_num_type=0, bool expert_tokens_num_flag=False, int quant_mode=0, "
         "int[2] active_expert_range=[], int row_idx_type=0) -> (Tensor, Tensor, Tensor, Tensor)"
     ),
+    # vllm-ascend csrc/torch_binding.cpp weak_ref_tensor: at::from_blob over the input's memory (no ownership).
+    "weak_ref_tensor": "weak_ref_tensor(Tensor(a) input) -> Tensor(a)",
 }
+
+
+def c_ascend_weak_ref_tensor(input: torch.Tensor) -> torch.Tensor:
+    """``torch.ops._C_ascend.weak_ref_tensor``: a tensor over the same memory as ``input`` (same shape/strides).
+
+    The compiled op builds a non-owning view (``at::from_blob``), so graph-capture bookkeeping does not keep
+    buffers alive. On the CPU a non-owning tensor could outlive its memory; the simulator returns an owning
+    alias (``input.detach()``): identical values and addresses, only a longer lifetime (memory is freed later).
+    Source: vllm-ascend ``csrc/torch_binding.cpp`` (``weak_ref_tensor``), ``vllm_ascend/utils.py`` ``weak_ref_tensor``.
+    """
+    return input.detach()
 
 
 def _fake_moe_gating_top_k(x, k, k_group, group_count, group_select_mode, renorm, norm_type, out_flag,
@@ -1271,6 +1284,7 @@ def _fake_init_routing_custom(x, expert_idx, *, scale=None, offset=None, active_
 _C_ASCEND_IMPLS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
     "moe_gating_top_k": (c_ascend_moe_gating_top_k, _fake_moe_gating_top_k),
     "npu_moe_init_routing_custom": (c_ascend_npu_moe_init_routing_custom, _fake_init_routing_custom),
+    "weak_ref_tensor": (c_ascend_weak_ref_tensor, lambda input: input.detach()),
 }
 
 _C_ASCEND_LIB: torch.library.Library | None = None  # kept alive: a Library deregisters its ops when collected
