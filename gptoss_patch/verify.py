@@ -268,6 +268,18 @@ def _print_human(report: dict[str, Any]) -> None:
         print(f"    conversation 0 decoded: {job['decoded_first'][:120]!r}")
         print(f"    harmony channels: {job['harmony_parse']}")
         print(f"    time (s): {job['seconds']}")
+    m = report.get("model")
+    if m:
+        print(f"  model {m['model']}: {m['model_type']}, {m['num_hidden_layers']} layers, {m['num_local_experts']} "
+              f"experts, hidden {m['hidden_size']}, intermediate {m['intermediate_size']}"
+              + (f", quantization {m['quantization']}" if m["quantization"] else ""))
+        size = (f"{m['moe_intermediate_per_rank']} -> padded to {m['moe_padded_to']}" if m["moe_padded_to"]
+                else f"{m['moe_intermediate_per_rank']}")
+        print(f"    tensor parallel {m['tensor_parallel_size']}: MoE intermediate per rank {size}; padding: "
+              f"{m['moe_padding']}")
+    if report.get("checkpoint"):  # operations kit (issue 9)
+        for line in _checkpoint_lines(report["checkpoint"]):
+            print("  " + line)
     if report["problems"]:
         print("  PROBLEMS:")
         for p in report["problems"]:
