@@ -67,7 +67,7 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
     Never raises for bad configuration: a malformed ``GPTOSS_PATCH_DISABLE``/``GPTOSS_PATCH_FORCE`` gives a
     *refuse* decision naming the variable, with the GPT-OSS guard armed.
     """
-    global _decision, _versions, _registry
+    global _decision, _versions
     with _lock:
         _sources.append(source)
         if _decision is not None:

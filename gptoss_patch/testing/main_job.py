@@ -25,7 +25,6 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 #: Max |logit_vllm − logit_reference| accepted, per model dtype. The main job runs vLLM in float32 (the
 #: simulator accepts float32 as a documented extension; the real fused operators take fp16/bf16), so the

@@ -36,7 +36,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -44,9 +43,9 @@ import torch
 import torch.nn.functional as F
 
 from gptoss_patch.testing import vllm_setup
+from gptoss_patch.testing.moe_case import TOP_K, Weights, make_tokens, make_weights, reference, rel_err  # noqa: F401
 from gptoss_patch.testing.tiny import write_checkpoint
 
-TOP_K = 4
 H_120B, I_120B_RANK = 2880, 360  # gpt-oss-120b hidden size; expert intermediate 2880 / TP 8
 PADDED = 368
 FP32_TOL = 1e-4
@@ -77,81 +76,6 @@ def configs(ckpt):
         return cache[name]
 
     return get
-
-
-@dataclass
-class Weights:
-    """One GPT-OSS MoE block in transformers' layout, float32."""
-
-    router_w: torch.Tensor  # [E, H]
-    router_b: torch.Tensor  # [E]
-    w13: torch.Tensor  # [E, H, 2I] gate/up interleaved
-    b13: torch.Tensor  # [E, 2I]
-    w2: torch.Tensor  # [E, I, H]
-    b2: torch.Tensor  # [E, H]
-
-    @property
-    def dims(self):
-        e, h, two_i = self.w13.shape
-        return e, h, two_i // 2
-
-    def rounded(self, dtype):
-        return Weights(*(t.to(dtype).float() for t in (self.router_w, self.router_b, self.w13, self.b13, self.w2,
-                                                        self.b2)))
-
-
-def make_weights(num_experts, hidden, inter, seed):
-    """Random weights whose gate/up pre-activations often pass the +-7 clamps."""
-    g = torch.Generator().manual_seed(seed)
-    return Weights(
-        router_w=torch.randn(num_experts, hidden, generator=g) * (2.0 / hidden ** 0.5),
-        router_b=torch.randn(num_experts, generator=g),
-        w13=torch.randn(num_experts, hidden, 2 * inter, generator=g) * (4.0 / hidden ** 0.5),
-        b13=torch.randn(num_experts, 2 * inter, generator=g),
-        w2=torch.randn(num_experts, inter, hidden, generator=g) * (1.0 / inter ** 0.5),
-        b2=torch.randn(num_experts, hidden, generator=g),
-    )
-
-
-def make_tokens(w, num_tokens, seed, dtype=torch.float32, min_gap=0.0):
-    """``(T, H)`` tokens exactly representable in ``dtype``; with ``min_gap``, no routing near-ties (4th/5th logit)."""
-    g = torch.Generator().manual_seed(seed)
-    e, h, _ = w.dims
-    x = torch.randn(num_tokens, h, generator=g).to(dtype).float()
-    for _ in range(100):
-        if min_gap <= 0 or e <= TOP_K:
-            break
-        logits = x @ w.router_w.to(dtype).float().T + w.router_b.to(dtype).float()
-        top = logits.topk(TOP_K + 1, dim=-1).values
-        bad = (top[:, TOP_K - 1] - top[:, TOP_K]) < min_gap
-        if not bad.any():
-            break
-        x[bad] = torch.randn(int(bad.sum()), h, generator=g).to(dtype).float()
-    return x
-
-
-def reference(w, x, dtype=torch.float32):
-    """transformers 4.57.1 ``GptOssMLP`` holding ``w``, on ``x`` (computed in ``dtype``), as float32 - the oracle."""
-    from transformers import GptOssConfig
-    from transformers.models.gpt_oss.modeling_gpt_oss import GptOssMLP
-
-    e, h, i = w.dims
-    cfg = GptOssConfig(hidden_size=h, intermediate_size=i, num_local_experts=e, num_experts_per_tok=TOP_K,
-                       num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=1, vocab_size=512)
-    mlp = GptOssMLP(cfg)
-    with torch.no_grad():
-        mlp.router.weight.copy_(w.router_w)
-        mlp.router.bias.copy_(w.router_b)
-        mlp.experts.gate_up_proj.copy_(w.w13)
-        mlp.experts.gate_up_proj_bias.copy_(w.b13)
-        mlp.experts.down_proj.copy_(w.w2)
-        mlp.experts.down_proj_bias.copy_(w.b2)
-        out, _ = mlp.to(dtype).eval()(x.to(dtype)[None])
-    return out[0].float()
-
-
-def rel_err(out, ref):
-    return ((out.float() - ref).abs().max() / ref.abs().max()).item()
 
 
 def assert_matches_oracle(out, w, x, dtype):

@@ -1,7 +1,6 @@
 """The .pth start-up hook: costs nothing, never breaks start-up, honours GPTOSS_PATCH_DISABLE, fires on vllm_ascend."""
 
 import subprocess
-import sys
 
 from conftest import clean_env
 
