@@ -21,7 +21,6 @@ rejects as the ATB operator's "no repeated slot" rule); ``weak_ref_tensors`` is 
 from __future__ import annotations
 
 import contextlib
-import os
 import textwrap
 
 import pytest
@@ -52,22 +51,7 @@ def _layer_name(i: int) -> str:
 # fixtures
 
 
-@contextlib.contextmanager
-def operator_path(path: str | None):
-    old = os.environ.get("GPTOSS_PATCH_ATTENTION_PATH")
-    if path is None:
-        os.environ.pop("GPTOSS_PATCH_ATTENTION_PATH", None)
-    else:
-        os.environ["GPTOSS_PATCH_ATTENTION_PATH"] = path
-    kernels._path = None
-    try:
-        yield
-    finally:
-        kernels._path = None
-        if old is None:
-            os.environ.pop("GPTOSS_PATCH_ATTENTION_PATH", None)
-        else:
-            os.environ["GPTOSS_PATCH_ATTENTION_PATH"] = old
+operator_path = kernels.forced_path
 
 
 @pytest.fixture()

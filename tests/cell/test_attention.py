@@ -2,7 +2,6 @@
 transformers' GPT-OSS eager attention, in every attention state, on both operator paths."""
 
 import contextlib
-import os
 
 import pytest
 import torch
@@ -15,19 +14,7 @@ from gptoss_patch.testing.attention_case import build_case, reference_output
 WINDOW = 128
 
 
-@contextlib.contextmanager
-def operator_path(path):
-    old = os.environ.get("GPTOSS_PATCH_ATTENTION_PATH")
-    os.environ["GPTOSS_PATCH_ATTENTION_PATH"] = path
-    kernels._path = None
-    try:
-        yield
-    finally:
-        kernels._path = None
-        if old is None:
-            os.environ.pop("GPTOSS_PATCH_ATTENTION_PATH", None)
-        else:
-            os.environ["GPTOSS_PATCH_ATTENTION_PATH"] = old
+operator_path = kernels.forced_path
 
 
 def make_impl(num_heads, num_kv_heads, window, sinks, head_dim=64):
