@@ -72,16 +72,31 @@ VLLM_015_IMPORT_DEPS = [
     "llguidance>=1.3.0,<1.4.0", "mistral_common>=1.8.8",
 ]
 
+#: vLLM 0.12.0 / 0.13.0 (paired with vllm-ascend 0.12.0rc1 / 0.13.0) and 0.14.1 (vllm-ascend 0.14.0rc1): the
+#: 0.15 list with the compressed-tensors each vLLM pins (METADATA: 0.12.2 for 0.12/0.13, 0.13.0 for 0.14.1); 0.14.1
+#: also requires grpcio / grpcio-reflection. xgrammar goes in ``no_deps`` as for 0.15 (pins from each METADATA).
+VLLM_012_IMPORT_DEPS = [*[d for d in VLLM_015_IMPORT_DEPS if not d.startswith("compressed-tensors")],
+                        "compressed-tensors==0.12.2"]
+VLLM_014_IMPORT_DEPS = [*VLLM_015_IMPORT_DEPS, "grpcio", "grpcio-reflection"]
+
+#: The suite of a patched release (tests/cell without the calibration suite), and the unit tests marked
+#: `upstream` (they need the wheels: the unit session deselects them, every patched cell runs them).
+_PATCHED_SUITE = {"tests": ["tests/cell", "--ignore=tests/cell/native_015"],
+                  "unit_upstream": ["tests/unit", "-m", "upstream"]}
+
 #: Per cell: the upstream wheels (installed --no-deps), their import-time dependencies, and the test paths
 #: the cell runs (relative to the repository root). tests/cell/*.py target the patched 0.11 layout;
 #: tests/cell/native_015 calibrates the simulator against vllm-ascend 0.15.0rc1's native GPT-OSS code.
 #: tests/cell/conftest.py refuses a collection that mixes them up (GPTOSS_CELL decides), so a wrong path
 #: list fails loudly instead of running - or skipping - the wrong suite.
-CELLS: dict[str, dict[str, list[str]]] = {  # noqa: E501
-    "0.11.0": {"no_deps": ["vllm==0.11.0", "vllm-ascend==0.11.0"], "deps": VLLM_011_IMPORT_DEPS,
-               "tests": ["tests/cell", "--ignore=tests/cell/native_015"],
-               # tests/unit tests marked `upstream` need these wheels: the unit session deselects them, this runs them
-               "unit_upstream": ["tests/unit", "-m", "upstream"]},
+CELLS: dict[str, dict[str, list[str]]] = {
+    "0.11.0": {"no_deps": ["vllm==0.11.0", "vllm-ascend==0.11.0"], "deps": VLLM_011_IMPORT_DEPS, **_PATCHED_SUITE},
+    "0.12.0rc1": {"no_deps": ["vllm==0.12.0", "vllm-ascend==0.12.0rc1", "xgrammar==0.1.27"],
+                  "deps": VLLM_012_IMPORT_DEPS, **_PATCHED_SUITE},
+    "0.13.0": {"no_deps": ["vllm==0.13.0", "vllm-ascend==0.13.0", "xgrammar==0.1.27"],
+               "deps": VLLM_012_IMPORT_DEPS, **_PATCHED_SUITE},
+    "0.14.0rc1": {"no_deps": ["vllm==0.14.1", "vllm-ascend==0.14.0rc1", "xgrammar==0.1.29"],
+                  "deps": VLLM_014_IMPORT_DEPS, **_PATCHED_SUITE},
     "0.15.0rc1": {"no_deps": ["vllm==0.15.0", "vllm-ascend==0.15.0rc1", "xgrammar==0.1.29"],
                   "deps": VLLM_015_IMPORT_DEPS, "tests": ["tests/cell/native_015"]},
 }

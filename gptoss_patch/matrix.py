@@ -37,28 +37,102 @@ REFUSE = "refuse"
 # ---------------------------------------------------------------------------------------------
 
 _AA = "vllm_ascend.attention.attention_v1"
+_AG = "vllm_ascend.compilation.acl_graph"
+_MR = "vllm_ascend.worker.model_runner_v1"
+_FM = "vllm_ascend.ops.fused_moe"  # 0.12.0rc1+ (ops/moe -> ops/fused_moe, §3.3)
+_YARN = "vllm_ascend.ops.rotary_embedding:AscendYaRNRotaryEmbedding.__init__"
+
+#: Targets shared by every layout from 0.12.0rc1 on (vLLM's opaque attention op calls ``impl.forward``, which
+#: writes the KV cache and calls ``forward_impl``; MoE lives in ``ops/fused_moe``). One entry per line: each
+#: capability module owns its own keys.
+_FROM_012: dict[str, str] = {
+    "attention_impl_init": f"{_AA}:AscendAttentionBackendImpl.__init__",
+    "attention_impl_forward_impl": f"{_AA}:AscendAttentionBackendImpl.forward_impl",
+    "yarn_rope_init": _YARN,
+    "moe_unquant_apply": f"{_FM}.fused_moe:AscendUnquantizedFusedMoEMethod.apply",
+    "moe_fused_experts": f"{_FM}.moe_comm_method:MoECommMethod.fused_experts",
+    "moe_unified_apply_mlp_012": f"{_FM}.moe_mlp:unified_apply_mlp",
+    "moe_comm_method_module": f"{_FM}.moe_comm_method",  # imports unified_apply_mlp by value
+    "moe_unquant_process_weights": f"{_FM}.fused_moe:AscendUnquantizedFusedMoEMethod.process_weights_after_loading",
+    "model_runner_module": _MR,
+}
 
 LAYOUTS: dict[str, dict[str, str]] = {
     # B = vllm-ascend 0.11.0rc1, rc2, rc3, 0.11.0 (identical module layout; §3)
     "B": {
         "attention_impl_init": f"{_AA}:AscendAttentionBackendImpl.__init__",
         "attention_impl_forward_011": f"{_AA}:AscendAttentionBackendImpl.forward",
-        "yarn_rope_init": "vllm_ascend.ops.rotary_embedding:AscendYaRNRotaryEmbedding.__init__",
+        "yarn_rope_init": _YARN,
         "moe_unquant_apply": "vllm_ascend.ops.common_fused_moe:AscendUnquantizedFusedMoEMethod.apply",
         "moe_fused_experts": "vllm_ascend.ops.moe.moe_comm_method:MoECommMethod.fused_experts",
         "moe_unified_apply_mlp_011": "vllm_ascend.ops.moe.moe_mlp:unified_apply_mlp",
         "moe_comm_method_module": "vllm_ascend.ops.moe.moe_comm_method",  # imports unified_apply_mlp by value
         "moe_unquant_process_weights": (
             "vllm_ascend.ops.common_fused_moe:AscendUnquantizedFusedMoEMethod.process_weights_after_loading"),
-        "aclgraph_update_attn_params": "vllm_ascend.compilation.acl_graph:update_attn_params",
-        "model_runner_module": "vllm_ascend.worker.model_runner_v1",  # imports update_attn_params by value
+        "aclgraph_update_attn_params": f"{_AG}:update_attn_params",
+        "model_runner_module": _MR,  # imports update_attn_params by value
+    },
+    # C = vllm-ascend 0.12.0rc1: forward_impl dispatch, full_graph_attention, update_attn_params(3 args)
+    "C": {
+        **_FROM_012,
+        "aclgraph_update_attn_params": f"{_AG}:update_attn_params",
+    },
+    # E = 0.13.0rc2 ... 0.13.0 (0.13.0rc1, family D, differs only in signatures our patches accept: it is
+    # judged against E by the structural check): FIA/PA split, update_attn_params(..., vllm_config[, draft])
+    "E": {
+        **_FROM_012,
+        "aclgraph_update_attn_params_013": f"{_AG}:update_attn_params",
+    },
+    # F = 0.14.0rc1: update_full_graph_params -> AscendAttentionBackendImpl.update_graph_params (staticmethod)
+    "F": {
+        **_FROM_012,
+        "aclgraph_update_graph_params": f"{_AA}:AscendAttentionBackendImpl.update_graph_params",
     },
 }
 
-#: Which patches (by name, see gptoss_patch.patches) each layout family needs.
+#: Which patches (by name, see gptoss_patch.patches) each layout family needs. One name per line: each
+#: capability module owns its own lines.
 LAYOUT_PATCHES: dict[str, tuple[str, ...]] = {
-    "B": ("attention.keep_sinks", "attention.sink_window_forward", "rope.yarn_truncate", "moe.unquant_apply", "moe.fused_experts",
-          "moe.apply_mlp", "aclgraph.update_attn_params", "weights.pad_moe_intermediate"),
+    "B": (
+        "attention.keep_sinks",
+        "attention.sink_window_forward",
+        "rope.yarn_truncate",
+        "moe.unquant_apply",
+        "moe.fused_experts",
+        "moe.apply_mlp",
+        "aclgraph.update_attn_params",
+        "weights.pad_moe_intermediate",
+    ),
+    "C": (
+        "attention.keep_sinks",
+        "attention.sink_window_forward_impl",
+        "rope.yarn_truncate",
+        "moe.unquant_apply",
+        "moe.fused_experts",
+        "moe.apply_mlp_012",
+        "aclgraph.update_attn_params",
+        "weights.pad_moe_intermediate",
+    ),
+    "E": (
+        "attention.keep_sinks",
+        "attention.sink_window_forward_impl",
+        "rope.yarn_truncate",
+        "moe.unquant_apply",
+        "moe.fused_experts",
+        "moe.apply_mlp_012",
+        "aclgraph.update_attn_params_013",
+        "weights.pad_moe_intermediate",
+    ),
+    "F": (
+        "attention.keep_sinks",
+        "attention.sink_window_forward_impl",
+        "rope.yarn_truncate",
+        "moe.unquant_apply",
+        "moe.fused_experts",
+        "moe.apply_mlp_012",
+        "aclgraph.update_graph_params",
+        "weights.pad_moe_intermediate",
+    ),
 }
 
 
@@ -105,7 +179,26 @@ class Row:
 ROWS: tuple[Row, ...] = (
     Row("0.11.0rc0", "0.11.0rc3", "2.7.1", "2.7.1.dev20250724", "8.2.RC1", REFUSE, None, False,
         "different architecture (Attention class replaced wholesale, MoE method monkey-patched onto vLLM's)"),
+    Row("0.11.0rc1", "0.11.0", "2.7.1", "2.7.1", "8.3.RC1", APPLY, "B", False,
+        "same layout as 0.11.0 (every target passes the structural check, read from the wheel)"),
+    Row("0.11.0rc2", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", False,
+        "same layout as 0.11.0 (every target passes the structural check, read from the wheel)"),
+    Row("0.11.0rc3", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", False,
+        "same layout as 0.11.0 (every target passes the structural check, read from the wheel)"),
     Row("0.11.0", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", True,
+        "GPT-OSS patches applied (see verify for the list)"),
+    Row("0.12.0rc1", "0.12.0", "2.8.0", "2.8.0", "8.3.RC2", APPLY, "C", True,
+        "GPT-OSS patches applied (see verify for the list)"),
+    Row("0.13.0rc1", "0.13.0", "2.8.0", "2.8.0", "8.3.RC2", APPLY, "E", False,
+        "judged against 0.13.0 (every target passes the structural check, read from the wheel)"),
+    Row("0.13.0rc2", "0.13.0", "2.8.0", "2.8.0", "8.5.0", APPLY, "E", False,
+        "judged against 0.13.0 (every target passes the structural check, read from the wheel)"),
+    Row("0.13.0rc3", "0.13.0", "2.8.0", "2.8.0.post2", "8.5.1", REFUSE, None, False,
+        "a separate build released after 0.13.0 (DeepSeek-V4 code; targets hash differently from 0.13.0) "
+        "that no cell tests"),
+    Row("0.13.0", "0.13.0", "2.8.0", "2.8.0.post2", "8.5.0", APPLY, "E", True,
+        "GPT-OSS patches applied (see verify for the list)"),
+    Row("0.14.0rc1", "0.14.1", "2.9.0", "2.9.0", "8.5.0", APPLY, "F", True,
         "GPT-OSS patches applied (see verify for the list)"),
     Row("0.15.0rc1", "0.15.0", "2.9.0", "2.9.0", "8.5.0", STAND_DOWN, None, True,
         "native GPT-OSS support; calibration cell"),

@@ -23,7 +23,11 @@ npu_sim.install()
 CELL = os.environ.get("GPTOSS_CELL")
 
 
-#: The calibration cell (vllm-ascend with native GPT-OSS) and its suite; the other tests here target patched releases.
+from gptoss_patch import matrix  # noqa: E402
+
+#: The cell's matrix row (None outside a cell). Stand-down rows (native GPT-OSS support) run the calibration suite
+#: tests/cell/native_015; apply rows run the rest of tests/cell against their layout (``ROW.layout``).
+ROW = next((r for r in matrix.ROWS if r.vllm_ascend == CELL), None)
 NATIVE_CELL = "0.15.0rc1"
 NATIVE_DIR = Path(__file__).resolve().parent / "native_015"
 
@@ -32,19 +36,29 @@ def pytest_collection_modifyitems(config, items):
     if CELL is None:
         raise pytest.UsageError("tests/cell runs inside a matrix cell: use `nox -s cell-<release>` "
                                 "(GPTOSS_CELL is not set)")
+    if ROW is None or not ROW.tested:
+        raise pytest.UsageError(f"GPTOSS_CELL={CELL!r} is not a tested row of gptoss_patch.matrix.ROWS")
     # noxfile.CELLS[release]["tests"] chooses the paths per cell; a mix-up fails here instead of running (or
     # skipping) another cell's suite.
     native = {i.nodeid for i in items if Path(i.path).resolve().is_relative_to(NATIVE_DIR)}
-    wrong = [i.nodeid for i in items if (i.nodeid in native) != (CELL == NATIVE_CELL)]
+    stand_down = ROW.verdict == matrix.STAND_DOWN
+    wrong = [i.nodeid for i in items if (i.nodeid in native) != stand_down]
     if wrong:
-        where = "only tests/cell/native_015" if CELL == NATIVE_CELL else "tests/cell without native_015"
+        where = "only tests/cell/native_015" if stand_down else "tests/cell without native_015"
         raise pytest.UsageError(f"cell {CELL} runs {where}; collected {len(wrong)} test(s) of another cell, "
                                 f"e.g. {wrong[0]}")
 
 
 @pytest.fixture(scope="session")
 def cell():
+    """The vllm-ascend release of this cell (``GPTOSS_CELL``)."""
     return CELL
+
+
+@pytest.fixture(scope="session")
+def layout():
+    """The cell's module-layout family (``gptoss_patch.matrix.LAYOUTS`` key: "B", "C", "E", "F")."""
+    return ROW.layout
 
 
 def run_python(code: str, **env_overrides) -> subprocess.CompletedProcess:
