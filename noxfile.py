@@ -73,11 +73,18 @@ VLLM_015_IMPORT_DEPS = [
 ]
 
 #: vLLM 0.12.0 / 0.13.0 (paired with vllm-ascend 0.12.0rc1 / 0.13.0) and 0.14.1 (vllm-ascend 0.14.0rc1): the
-#: 0.15 list with the compressed-tensors each vLLM pins (METADATA: 0.12.2 for 0.12/0.13, 0.13.0 for 0.14.1); 0.14.1
-#: also requires grpcio / grpcio-reflection. xgrammar goes in ``no_deps`` as for 0.15 (pins from each METADATA).
-VLLM_012_IMPORT_DEPS = [*[d for d in VLLM_015_IMPORT_DEPS if not d.startswith("compressed-tensors")],
-                        "compressed-tensors==0.12.2"]
-VLLM_014_IMPORT_DEPS = [*VLLM_015_IMPORT_DEPS, "grpcio", "grpcio-reflection"]
+#: 0.15 list with the pins of each pair's METADATA: compressed-tensors 0.12.2 (vLLM 0.12/0.13) or 0.13.0 (0.14.1);
+#: transformers <= 4.57.1 for vllm-ascend 0.12.0rc1; fastapi < 0.124 for vllm-ascend 0.13.0 / 0.14.0rc1 (and a
+#: prometheus-fastapi-instrumentator that accepts its starlette); grpcio / grpcio-reflection for vLLM 0.14.1.
+#: xgrammar goes in ``no_deps`` as for 0.15 (pins from each vLLM METADATA).
+_OLD_FASTAPI = ["fastapi[standard]<0.124", "prometheus-fastapi-instrumentator>=7,<8"]
+_NO_FASTAPI_015 = [d for d in VLLM_015_IMPORT_DEPS
+                   if not d.startswith(("compressed-tensors", "fastapi", "prometheus-fastapi", "transformers"))]
+VLLM_012_IMPORT_DEPS = [*_NO_FASTAPI_015, "fastapi[standard]", "prometheus-fastapi-instrumentator",
+                        "transformers==4.57.1", "compressed-tensors==0.12.2"]
+VLLM_013_IMPORT_DEPS = [*_NO_FASTAPI_015, *_OLD_FASTAPI, "transformers>=4.57.4,<5", "compressed-tensors==0.12.2"]
+VLLM_014_IMPORT_DEPS = [*_NO_FASTAPI_015, *_OLD_FASTAPI, "transformers>=4.57.4,<5", "compressed-tensors==0.13.0",
+                        "grpcio", "grpcio-reflection"]
 
 #: The suite of a patched release (tests/cell without the calibration suite), and the unit tests marked
 #: `upstream` (they need the wheels: the unit session deselects them, every patched cell runs them).
@@ -94,7 +101,7 @@ CELLS: dict[str, dict[str, list[str]]] = {
     "0.12.0rc1": {"no_deps": ["vllm==0.12.0", "vllm-ascend==0.12.0rc1", "xgrammar==0.1.27"],
                   "deps": VLLM_012_IMPORT_DEPS, **_PATCHED_SUITE},
     "0.13.0": {"no_deps": ["vllm==0.13.0", "vllm-ascend==0.13.0", "xgrammar==0.1.27"],
-               "deps": VLLM_012_IMPORT_DEPS, **_PATCHED_SUITE},
+               "deps": VLLM_013_IMPORT_DEPS, **_PATCHED_SUITE},
     "0.14.0rc1": {"no_deps": ["vllm==0.14.1", "vllm-ascend==0.14.0rc1", "xgrammar==0.1.29"],
                   "deps": VLLM_014_IMPORT_DEPS, **_PATCHED_SUITE},
     "0.15.0rc1": {"no_deps": ["vllm==0.15.0", "vllm-ascend==0.15.0rc1", "xgrammar==0.1.29"],

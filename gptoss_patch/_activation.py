@@ -45,7 +45,10 @@ def _structural_check(row: matrix.Row) -> list[str]:
     layout = matrix.LAYOUTS[row.layout] if row.layout else {}
     failures: list[str] = []
     for name in matrix.LAYOUT_PATCHES.get(row.layout or "", ()):
-        spec = specs[name]
+        spec = specs.get(name)
+        if spec is None:
+            failures.append(f"{name}: layout {row.layout} names a patch this gptoss-patch does not declare")
+            continue
         target = layout.get(spec.target_key)
         if target is None:
             failures.append(f"{name}: layout {row.layout} has no target {spec.target_key}")

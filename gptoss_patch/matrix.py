@@ -82,6 +82,7 @@ LAYOUTS: dict[str, dict[str, str]] = {
     "E": {
         **_FROM_012,
         "aclgraph_update_attn_params_013": f"{_AG}:update_attn_params",
+        "aclgraph_eagle_proposer_module": "vllm_ascend.spec_decode.eagle_proposer",  # 0.13.0 imports it by value
     },
     # F = 0.14.0rc1: update_full_graph_params -> AscendAttentionBackendImpl.update_graph_params (staticmethod)
     "F": {

@@ -77,6 +77,7 @@ class PatchState:
     state: str = PENDING
     reason: str = "waiting for the target module to be imported"
     fingerprint: str | None = None
+    drift: str | None = None  # gptoss_patch.drift: "tested code (...)" / "untested code: ..." once applied
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -163,7 +164,16 @@ def fingerprint(target: str) -> str | None:
     path = module_source_path(module)
     if path is None:
         return None
-    source, tree = _parsed(path)
+    return fingerprint_in_file(path, qualname)
+
+
+def fingerprint_in_file(path: str | os.PathLike, qualname: str) -> str | None:
+    """sha256 of ``ast.get_source_segment`` of ``qualname``'s def/class in the Python file ``path`` (no import).
+
+    Decorators are excluded (the segment starts at ``def``/``class``), later lines keep their indentation
+    (``shared/reference/upstream_fingerprints.json`` method). None when ``qualname`` is not defined there.
+    """
+    source, tree = _parsed(str(path))
     node = _find_def(tree, qualname)
     if node is None:
         return None
@@ -299,9 +309,12 @@ class Registry:
             st.state, st.reason = FAILED, "structural check failed: " + "; ".join(problems)
             return
         try:
+            from gptoss_patch import drift
+
             st.fingerprint = fingerprint(st.target)
+            st.drift = drift.classify(st.target, st.fingerprint).text
         except Exception:  # noqa: BLE001 - a fingerprint is informative only
-            st.fingerprint = None
+            st.fingerprint = st.drift = None
         wrapper = wrapt.FunctionWrapper(original, spec.wrapper)
         setattr(wrapper, MARKER, spec.name)
         try:

@@ -114,9 +114,9 @@ def _child_ok(d: dict[str, Any], decision: str | None) -> bool:
 def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
     """Gather the full report as a JSON-ready dict (the ``--json`` output)."""
     import gptoss_patch
-    from gptoss_patch import environment
+    from gptoss_patch import drift, environment
 
-    report: dict[str, Any] = {"problems": []}
+    report: dict[str, Any] = {"problems": [], "warnings": []}
     if simulate:
         os.environ["GPTOSS_PATCH_SIMULATE_NPU"] = "1"
         from gptoss_patch.testing import npu_sim
@@ -143,6 +143,8 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
         for p in status.patches:
             if p.state != "applied":
                 report["problems"].append(f"patch {p.name} is {p.state}: {p.reason}")
+            elif p.drift and p.drift.startswith(drift.UNTESTED):
+                report["warnings"].append(f"patch {p.name} wraps {p.target}: {p.drift}")
     if status.decision == "apply" and not status.ok and not report["problems"]:
         report["problems"].append("not every GPT-OSS patch is applied")
     if children and status.decision in ("apply", "stand-down") and not import_error:
@@ -250,6 +252,9 @@ def _print_human(report: dict[str, Any]) -> None:
             print(f"    [{p['state']:>7}] {p['name']:<28} {p['target']}")
             if p["state"] != "applied":
                 print(f"              {p['reason']}")
+            elif p.get("drift"):
+                mark = "!! " if p["drift"].startswith("untested") else ""
+                print(f"              {mark}{p['drift']}")
     for label, d in report.get("children", {}).items():
         ok = "error" not in d and d.get("ok") and not d.get("import_error")
         print(f"  activation in {label.replace('_', ' ')}: {'ok' if ok else 'FAILED'} "
@@ -280,6 +285,8 @@ def _print_human(report: dict[str, Any]) -> None:
     if report.get("checkpoint"):  # operations kit (issue 9)
         for line in _checkpoint_lines(report["checkpoint"]):
             print("  " + line)
+    for w in report.get("warnings", []):
+        print(f"  warning: {w}")
     if report["problems"]:
         print("  PROBLEMS:")
         for p in report["problems"]:

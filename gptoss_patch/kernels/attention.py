@@ -343,11 +343,18 @@ def decode_launch_lengths(query_cu_lens: Sequence[int], kv_lens: Sequence[int], 
                           num_tokens: int) -> tuple[list[int], list[int]]:
     """Lengths of one TND launch covering all ``num_tokens`` rows of a graph-padded decode batch.
 
-    vllm-ascend 0.11's ``AscendAttentionMetadataBuilder.build`` pads a DecodeOnly batch of ``num_actual_tokens``
-    up to ``num_input_tokens`` (the capture size) with ``seq_lens`` ones, zero block-table rows and
-    ``query_start_loc`` extended by ``arange(last + 1, last + pad)`` - one entry fewer than the padding, so its last
-    cumulative length is ``num_tokens - 1`` (for ``pad >= 1``) while the TND operator requires ``T`` == the last
-    cumulative length (npu_ops.md §1.3, §2.6). Here: the real sequences (cumulative lengths ``<= num_actual_tokens``)
+    How the releases pad a DecodeOnly batch of ``num_actual_tokens`` up to ``num_input_tokens`` (the capture size):
+
+    * vllm-ascend 0.11 (``AscendAttentionMetadataBuilder.build``): ``seq_lens`` padded with ones, zero block-table
+      rows, ``query_start_loc`` extended by ``arange(last + 1, last + pad)`` - one entry fewer than the padding, so
+      its last cumulative length is ``num_tokens - 1``;
+    * 0.12.0rc1 (``NPUModelRunner._prepare_inputs``, FULL decode mode): the request count is padded, but only the
+      device copy of ``query_start_loc`` gets the padding values - the host entries (``actual_seq_lengths_q``) and
+      ``seq_lens`` beyond the real requests hold whatever an earlier step left there;
+    * 0.13.x / 0.14.0rc1: host ``query_start_loc`` padded with ``arange``, ``seq_lens`` padded with zeros.
+
+    The TND operator requires ``T`` == the last cumulative length (npu_ops.md §1.3, §2.6). Here: the real sequences
+    (up to the cumulative length equal to ``num_actual_tokens``; every entry after it is padding, whatever its value)
     keep their query/KV lengths; each padding row becomes its own one-token sequence with KV length 0, which the
     operator answers with a zero row (as vllm-ascend 0.13's ``_pad_attention_seq_params`` pads).
 
@@ -361,16 +368,20 @@ def decode_launch_lengths(query_cu_lens: Sequence[int], kv_lens: Sequence[int], 
         ``(query_cu_lens, kv_lens)`` host lists; the last query length is ``num_tokens``.
 
     Raises:
-        ValueError: the real cumulative lengths do not end at ``num_actual_tokens``, too few KV lengths, or
-            ``num_tokens < num_actual_tokens``.
+        ValueError: no cumulative length equals ``num_actual_tokens`` (or the real ones are not increasing), too
+            few KV lengths, or ``num_tokens < num_actual_tokens``.
     """
     q = list(query_cu_lens)
-    real = 0
-    while real < len(q) and q[real] <= num_actual_tokens:
-        real += 1
-    last = q[real - 1] if real else 0
-    if last != num_actual_tokens:
-        raise ValueError(f"query lengths {q} do not end at the {num_actual_tokens} real tokens of the step")
+    if num_actual_tokens == 0:
+        real = 0
+    else:
+        try:
+            real = q.index(num_actual_tokens) + 1
+        except ValueError:
+            raise ValueError(f"query lengths {q} do not reach the {num_actual_tokens} real tokens of the "
+                             "step") from None
+        if any(b <= a for a, b in zip([0, *q[:real - 1]], q[:real])):
+            raise ValueError(f"query lengths {q[:real]} of the real sequences are not increasing")
     kv = list(kv_lens)
     if len(kv) < real:
         raise ValueError(f"{len(kv)} KV lengths for {real} sequences")

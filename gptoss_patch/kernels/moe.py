@@ -171,6 +171,18 @@ def normalize_activation(activation: object) -> str:
     return value
 
 
+def _on_310p() -> bool:
+    """Whether vllm-ascend runs on an Atlas 310P, asked the way the running release's ``unquant_apply_mlp`` asks:
+    ``vllm_ascend.utils.is_310p()`` (0.11.x, 0.14.0rc1) or ``get_ascend_device_type() == AscendDeviceType._310P``
+    (0.12.0rc1, 0.13.x, which have no ``is_310p``)."""
+    import vllm_ascend.utils as vu
+
+    is_310p = getattr(vu, "is_310p", None)
+    if callable(is_310p):
+        return bool(is_310p())
+    return vu.get_ascend_device_type() == vu.AscendDeviceType._310P
+
+
 def gmm_bias(bias: torch.Tensor | None, x_dtype: torch.dtype) -> list[torch.Tensor] | None:
     """The ``bias=`` argument ``npu_grouped_matmul`` needs for one 3-D weight: ``[bias]`` in the operator's bias dtype.
 
@@ -253,9 +265,7 @@ def grouped_expert_mlp(
     if act == SWIGLUOAI:
         act_out = swigluoai(gate_up.view(-1, gate_up.size(-1)))
     else:
-        from vllm_ascend.utils import is_310p
-
-        if is_310p():  # upstream's 310P branch: npu_swiglu in float32, back to float16
+        if _on_310p():  # upstream's 310P branch: npu_swiglu in float32, back to float16
             act_out = torch_npu.npu_swiglu(gate_up.to(torch.float32)).to(torch.float16)
         else:
             act_out = torch_npu.npu_swiglu(gate_up)

@@ -193,31 +193,108 @@ def _weak(t: Any) -> Any:
     return op(t)
 
 
+def _active_layout() -> str | None:
+    """The module-layout family (``gptoss_patch.matrix.LAYOUTS`` key) of the release gptoss-patch applied to."""
+    from gptoss_patch import _activation, matrix
+
+    st = _activation.status()
+    if st.decision != matrix.APPLY or st.row is None:
+        return None
+    row = next((r for r in matrix.ROWS if r.vllm_ascend == st.row), None)
+    return row.layout if row is not None else None
+
+
+def _live_attribute(target: str) -> tuple[Any, str, Any] | None:
+    """``(parent, attribute, raw value)`` of an imported ``module:Qual.name`` (class attributes unbound), or None."""
+    from gptoss_patch.registry import split_target
+
+    module, qualname = split_target(target)
+    obj = sys.modules.get(module)
+    if obj is None:
+        return None
+    parent, attribute = obj, qualname
+    for part in qualname.split("."):
+        parent, attribute = obj, part
+        obj = parent.__dict__.get(part) if isinstance(parent, type) else getattr(parent, part, None)
+        if obj is None:
+            return None
+    return parent, attribute, obj
+
+
+def update_entry_points(layout: str) -> list[tuple[str, Any]]:
+    """Where the graph-parameter update of ``layout`` is called from: ``(where, object)`` pairs, each of which must
+    be our update wrapper for captured GPT-OSS records to be updated.
+
+    Read from the matrix: the ``aclgraph.*`` patch of the layout (its target) and its ``rebind_keys`` (modules that
+    imported the target's name by value, upstream_targets.md §3.5; only those already imported and holding the name).
+    """
+    from gptoss_patch import matrix
+    from gptoss_patch.patches import all_specs
+
+    specs = all_specs()
+    places = []
+    for name in matrix.LAYOUT_PATCHES.get(layout, ()):
+        if not name.startswith("aclgraph."):
+            continue
+        spec = specs[name]
+        target = matrix.LAYOUTS[layout][spec.target_key]
+        live = _live_attribute(target)
+        places.append((target, live[2] if live else None))
+        if live is None:
+            continue
+        for key in spec.rebind_keys:
+            mod = sys.modules.get(matrix.LAYOUTS[layout].get(key, ""))
+            if mod is not None and live[1] in mod.__dict__:
+                places.append((f"{mod.__name__}.{live[1]}", mod.__dict__[live[1]]))
+    return places
+
+
 def _check_update_patched(layer_name: str, size: int) -> None:
-    """Refuse to capture a record nobody would update (the patch off, or the model runner's by-value name stale)."""
-    acl_graph = _acl_graph()
-    if not is_patched(acl_graph.update_attn_params):
-        raise AclGraphCaptureError(layer_name, size, f"the patch {PATCH_NAME} is not applied, so the captured "
+    """Refuse to capture a record nobody would update (the patch off, or a by-value name not rebound)."""
+    layout = _active_layout()
+    if layout is None:
+        raise AclGraphCaptureError(layer_name, size, "gptoss-patch is not applied in this process, so the captured "
                                                      "lengths would never be updated")
-    runner = sys.modules.get("vllm_ascend.worker.model_runner_v1")
-    if runner is not None and getattr(runner, "update_attn_params", None) is not acl_graph.update_attn_params:
-        raise AclGraphCaptureError(layer_name, size, "vllm_ascend.worker.model_runner_v1.update_attn_params is not "
-                                                     "the patched function (rebinding failed)")
+    places = update_entry_points(layout)
+    if not places:
+        raise AclGraphCaptureError(layer_name, size, f"layout {layout} declares no ACL-graph update patch")
+    for where, obj in places:
+        if not is_patched(obj):
+            raise AclGraphCaptureError(layer_name, size, f"{where} is not gptoss-patch's update wrapper (patch not "
+                                                         "applied or rebinding failed), so the captured lengths "
+                                                         "would never be updated")
 
 
 def is_patched(fn: Any) -> bool:
     """True when ``fn`` is (or wraps, through wrapt proxies) our update wrapper.
 
     Checked by identity of the wrapper function along the ``__wrapped__`` chain, so another library's wrapper
-    around ours still counts and a look-alike does not.
+    around ours still counts and a look-alike does not. Accepts a raw ``staticmethod`` too.
     """
     for _ in range(8):
         if fn is None:
             return False
         if getattr(fn, "_self_wrapper", None) is _update_attn_params:
             return True
-        fn = getattr(fn, "__wrapped__", None)
+        fn = fn.__func__ if isinstance(fn, staticmethod) else getattr(fn, "__wrapped__", None)
     return False
+
+
+def layer_name_of(impl: Any) -> str | None:
+    """vLLM layer name of an ``AscendAttentionBackendImpl`` (vllm-ascend >= 0.12 does not pass the layer to
+    ``forward_impl``): the key of ``forward_context.no_compile_layers`` whose ``Attention`` holds ``impl``
+    (vLLM's static forward context, the table ``unified_attention_with_output`` looks layers up in). Cached on the
+    impl. None when not found."""
+    name = impl.__dict__.get("_gptoss_layer_name")
+    if name:
+        return name
+    fc = _forward_context()
+    layers = getattr(fc, "no_compile_layers", None) or {}
+    for key, layer in layers.items():
+        if getattr(layer, "impl", None) is impl:
+            impl._gptoss_layer_name = key
+            return key
+    return None
 
 
 def _workspace(gp: Any, key: tuple, make: Callable[[], Any]) -> Any:
@@ -237,15 +314,15 @@ def _workspace(gp: Any, key: tuple, make: Callable[[], Any]) -> Any:
 # capture
 
 
-def capture_decode(impl: Any, layer: Any, query: Any, output: Any, attn_metadata: Any) -> Any:
+def capture_decode(impl: Any, layer_name: str | None, query: Any, output: Any, attn_metadata: Any) -> Any:
     """Capture one GPT-OSS decode attention as an updatable task; record it in ``get_graph_params()``.
 
-    Called by :func:`gptoss_patch.patches.attention.sink_window_forward` (after the KV-cache write) when
+    Called by :func:`gptoss_patch.patches.attention.sink_window_attend` (after the KV-cache write) when
     :func:`capturing`. Writes into ``output``.
 
     Args:
         impl: the ``AscendAttentionBackendImpl`` (``sinks``, ``sliding_window``, ``key_cache`` ..., set).
-        layer: vLLM's ``Attention`` layer (its ``layer_name`` keys the record).
+        layer_name: the vLLM attention layer's name (keys the record; ``forward_context.attn_metadata`` key).
         query: ``(T, N, D)``, T = the capture size; output: ``(T, N, D)`` buffer.
         attn_metadata: the layer's ``AscendMetadata`` (DecodeOnly, built by ``build_for_graph_capture``).
 
@@ -263,11 +340,15 @@ def capture_decode(impl: Any, layer: Any, query: Any, output: Any, attn_metadata
 
     from gptoss_patch.kernels import attention as kernels
 
-    name = getattr(layer, "layer_name", None)
+    name = layer_name
     size = int(query.shape[0])
     if attn_metadata.attn_state != AscendAttentionState.DecodeOnly:
         raise AclGraphCaptureError(name, size, f"attention state {attn_metadata.attn_state.name}: only DecodeOnly "
                                                "batches are captured with updatable lengths")
+    if getattr(_forward_context(), "is_draft_model", False):
+        raise AclGraphCaptureError(name, size, "a speculative-decoding draft model's layer with sinks or a sliding "
+                                               "window (its records would go to the draft graph parameters, which "
+                                               "gptoss-patch does not update)")
     gp = _acl_graph().get_graph_params()
     if gp is None or size not in gp.attn_params:
         raise AclGraphCaptureError(name, size, "no graph parameters for this size (set_graph_params was not called "
@@ -319,12 +400,13 @@ def capture_decode(impl: Any, layer: Any, query: Any, output: Any, attn_metadata
     return output
 
 
-def run_naming_upstream_records(layer: Any, call: Callable[[], Any]) -> Any:
-    """Run upstream's forward (``call``) for a plain layer; name any paged-attention record it captured.
+def run_naming_upstream_records(layer_name: Callable[[], str | None], call: Callable[[], Any]) -> Any:
+    """Run upstream's attention (``call``) for a plain layer; name any graph record it captured.
 
     Outside a full-graph capture this is just ``call()``. During one, a tuple upstream appended to
-    ``get_graph_params().attn_params[size]`` becomes an :class:`UpstreamAttnParams` carrying ``layer.layer_name``,
-    so the update can pair it with its own layer's metadata.
+    ``get_graph_params().attn_params[size]`` (0.11 paged attention 9-tuple; 0.12 ``full_graph_attention`` and 0.13+
+    ``full_graph_fia`` 13-tuples, ``full_graph_pa`` 9-tuples) becomes an :class:`UpstreamAttnParams` carrying the
+    layer's name (``layer_name()``), so the update can pair it with its own layer's metadata.
     """
     fc = _forward_context()
     if fc is None or not getattr(fc, "capturing", False):
@@ -334,7 +416,7 @@ def run_naming_upstream_records(layer: Any, call: Callable[[], Any]) -> Any:
         return call()
     before = {size: len(lst) for size, lst in gp.attn_params.items()}
     result = call()
-    name = getattr(layer, "layer_name", None)
+    name = layer_name()
     if name:
         for size, lst in gp.attn_params.items():
             for i in range(before.get(size, 0), len(lst)):
@@ -347,12 +429,19 @@ def run_naming_upstream_records(layer: Any, call: Callable[[], Any]) -> Any:
 # update
 
 
+#: The first three parameters of every update entry point (the third is ``num_tokens`` in 0.14's staticmethod).
+_HEAD = (("update_stream",), ("forward_context",), ("runtime_shape", "num_tokens"))
+
+
 def _split_update_args(args: tuple, kwargs: dict) -> tuple[list, tuple, dict]:
-    names = ("update_stream", "forward_context", "runtime_shape")
+    """``([update_stream, forward_context, size], remaining positional, remaining keyword)``."""
     head = list(args[:3])
     rest = tuple(args[3:])
     kw = dict(kwargs)
-    for name in names[len(head):]:
+    for aliases in _HEAD[len(head):]:
+        name = next((a for a in aliases if a in kw), None)
+        if name is None:
+            raise TypeError(f"graph-parameter update called without {aliases[0]!r}")
         head.append(kw.pop(name))
     return head, rest, kw
 
@@ -414,8 +503,19 @@ def _update_upstream(wrapped: Callable[..., Any], head: list, rest: tuple, kw: d
 
 
 def _update_attn_params(wrapped, instance, args, kwargs):
-    """wrapt wrapper for ``acl_graph.update_attn_params(update_stream, forward_context, runtime_shape[,
-    kv_transfer_config])`` (0.11.x): our records by layer name, upstream's by upstream (see the module docstring).
+    """wrapt wrapper for every graph-parameter update entry point: our records by layer name, upstream's by upstream
+    (see the module docstring). The entry points (upstream_targets.md §3.2):
+
+    * 0.11.x: ``acl_graph.update_attn_params(update_stream, forward_context, runtime_shape[, kv_transfer_config])``;
+    * 0.12.0rc1: ``acl_graph.update_attn_params(update_stream, forward_context, runtime_shape)`` (FIA records);
+    * 0.13.x: ``acl_graph.update_attn_params(update_stream, forward_context, runtime_shape, vllm_config[,
+      draft_attn_metadatas])`` (PA or FIA records, chosen by ``using_paged_attention``);
+    * 0.14.0rc1: the staticmethod ``AscendAttentionBackendImpl.update_graph_params(update_stream, forward_context,
+      num_tokens, vllm_config, speculative_config=None, num_dcp_pcp_tokens=None)``, called by
+      ``acl_graph.update_full_graph_params``.
+
+    A draft model's update (``forward_context.is_draft_model``, 0.13+: its records live in the draft graph params,
+    where GPT-OSS records are never captured) goes to upstream unchanged.
 
     Host work only for our records: a dictionary lookup, the lengths of each distinct metadata object, one
     re-issued launch and one event record per layer; no tensor is allocated or read.
@@ -425,6 +525,8 @@ def _update_attn_params(wrapped, instance, args, kwargs):
     """
     head, rest, kw = _split_update_args(args, kwargs)
     update_stream, forward_context, size = head
+    if getattr(forward_context, "is_draft_model", False):
+        return wrapped(*args, **kwargs)
     gp = _acl_graph().get_graph_params()
     params = gp.attn_params.get(size) if gp is not None else None
     if not params or not any(type(p) is GptOssAttnParams for p in params):
@@ -463,14 +565,31 @@ def _update_attn_params(wrapped, instance, args, kwargs):
     return None
 
 
+_SUMMARY = ("FULL_DECODE_ONLY graphs re-issue GPT-OSS sink/window attention with each step's lengths, records "
+            "paired with layers by name")
+
 PATCHES = [
-    PatchSpec(
+    PatchSpec(  # 0.11.x (B) and 0.12.0rc1 (C)
         name=PATCH_NAME,
         target_key="aclgraph_update_attn_params",
         wrapper=_update_attn_params,
         params=("update_stream", "forward_context", "runtime_shape"),
         rebind_keys=("model_runner_module",),
-        summary="FULL_DECODE_ONLY graphs re-issue GPT-OSS sink/window attention with each step's lengths, records "
-                "paired with layers by name",
+        summary=_SUMMARY,
+    ),
+    PatchSpec(  # 0.13.0rc1 (vllm_config) ... 0.13.0 (vllm_config, draft_attn_metadatas=None): E
+        name="aclgraph.update_attn_params_013",
+        target_key="aclgraph_update_attn_params_013",
+        wrapper=_update_attn_params,
+        params=("update_stream", "forward_context", "runtime_shape", "vllm_config"),
+        rebind_keys=("model_runner_module", "aclgraph_eagle_proposer_module"),
+        summary=_SUMMARY,
+    ),
+    PatchSpec(  # 0.14.0rc1 (F): the staticmethod update_full_graph_params dispatches to
+        name="aclgraph.update_graph_params",
+        target_key="aclgraph_update_graph_params",
+        wrapper=_update_attn_params,
+        params=("update_stream", "forward_context", "num_tokens", "vllm_config"),
+        summary=_SUMMARY,
     ),
 ]

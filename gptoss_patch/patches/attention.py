@@ -98,12 +98,14 @@ def _forward_011(wrapped, instance, args, kwargs):
     bound = _bind_011(*args, **kwargs)
     if bound["trace_flag"]:
         return wrapped(*args, **kwargs)
+    layer = bound["layer"]
     if not _routes_to_us(instance):
         from gptoss_patch.patches import aclgraph
 
         # upstream's code; under a full-graph capture its paged-attention record gets this layer's name
-        return aclgraph.run_naming_upstream_records(bound["layer"], lambda: wrapped(*args, **kwargs))
-    return sink_window_forward(instance, bound["layer"], bound["query"], bound["key"], bound["value"],
+        return aclgraph.run_naming_upstream_records(lambda: getattr(layer, "layer_name", None),
+                                                    lambda: wrapped(*args, **kwargs))
+    return sink_window_forward(instance, layer, bound["query"], bound["key"], bound["value"],
                                bound["kv_cache"], bound["attn_metadata"], bound["output"])
 
 
@@ -112,17 +114,53 @@ def _bind_011(layer, query, key, value, kv_cache, attn_metadata, output=None, tr
             "attn_metadata": attn_metadata, "output": output, "trace_flag": trace_flag}
 
 
+def _forward_impl(wrapped, instance, args, kwargs):
+    """wrapt wrapper for ``AscendAttentionBackendImpl.forward_impl(query, key, value, kv_cache, attn_metadata,
+    output)`` (vllm-ascend 0.12.0rc1 ... 0.14.0rc1).
+
+    Upstream's ``forward`` (called by vLLM's ``unified_attention_with_output`` op, upstream_targets.md §2) has
+    already returned zeros for ``attn_metadata is None``, written the new K/V into the paged cache
+    (``reshape_and_cache``, which also sets ``impl.key_cache`` / ``impl.value_cache``) and taken the pooling branch;
+    it then calls ``forward_impl`` and vLLM reads the ``output`` buffer afterwards (the return value is ignored).
+    Layers with sinks or a window are computed here into ``output`` in every state
+    (:func:`sink_window_attend`); the others run upstream's ``forward_impl`` unchanged (under a full-graph capture
+    their records are named by layer: :func:`gptoss_patch.patches.aclgraph.run_naming_upstream_records`).
+
+    Shapes: ``query`` ``[T, N, D]``, ``key``/``value`` ``[T, KV_N, D]`` (the fresh tokens - already in the cache),
+    ``output`` ``[T, N, D]``. Returns ``output``.
+    """
+    bound = _bind_forward_impl(*args, **kwargs)
+    from gptoss_patch.patches import aclgraph
+
+    if not _routes_to_us(instance):
+        return aclgraph.run_naming_upstream_records(lambda: aclgraph.layer_name_of(instance),
+                                                    lambda: wrapped(*args, **kwargs))
+    output = bound["output"]
+    if output is None:
+        raise ValueError("AscendAttentionBackendImpl.forward_impl: output buffer is None; vLLM >= 0.12 always "
+                         "passes the [T, num_heads, head_size] buffer it reads afterwards")
+    kv_cache = bound["kv_cache"]
+    attn_metadata = bound["attn_metadata"]
+    if attn_metadata is None or kv_cache is None or len(kv_cache) < 2 or instance.key_cache is None:
+        out3 = output.view(-1, instance.num_heads, instance.head_size)
+        out3.fill_(0)  # no KV cache (profiling): like upstream's attn_metadata-is-None branch
+        return output
+    return sink_window_attend(instance, lambda: aclgraph.layer_name_of(instance), bound["query"], attn_metadata,
+                              output)
+
+
+def _bind_forward_impl(query, key, value, kv_cache, attn_metadata, output):
+    return {"query": query, "key": key, "value": value, "kv_cache": kv_cache, "attn_metadata": attn_metadata,
+            "output": output}
+
+
 def sink_window_forward(impl: Any, layer: Any, query: Any, key: Any, value: Any, kv_cache: Any,
                         attn_metadata: Any, output: Any) -> Any:
-    """Our attention for a layer with sinks and/or a sliding window, in any attention state.
+    """0.11.x: our attention for a layer with sinks and/or a sliding window, in any attention state.
 
-    Writes the new K/V into the paged cache (``_npu_reshape_and_cache``, as upstream), then computes
-    the first ``actual_seq_lengths_q[-1]`` query rows with one fused call over the cache and writes
-    them into ``output`` (the buffer vLLM reads). With no KV cache (vLLM's profiling run) the
-    output is zero-filled like upstream's ``attn_metadata is None`` branch. A decode batch padded to
-    a graph size computes every row (padding rows are zero), as the captured launch does. While a full ACL graph is
-    being captured (FULL_DECODE_ONLY), the attention is captured instead as one updatable task over
-    all ``T`` rows (:func:`gptoss_patch.patches.aclgraph.capture_decode`).
+    Writes the new K/V into the paged cache (``_npu_reshape_and_cache``, as upstream), then
+    :func:`sink_window_attend`. With no KV cache (vLLM's profiling run) the output is zero-filled like
+    upstream's ``attn_metadata is None`` branch.
 
     Raises:
         NotImplementedError: encoder / cross attention (GPT-OSS is decoder-only), or int8 KV cache.
@@ -131,8 +169,6 @@ def sink_window_forward(impl: Any, layer: Any, query: Any, key: Any, value: Any,
     import torch
     import torch_npu
 
-    from gptoss_patch.kernels import attention as kernels
-
     num_tokens = query.shape[0]
     n, kvn, d = impl.num_heads, impl.num_kv_heads, impl.head_size
     if output is None:
@@ -140,14 +176,7 @@ def sink_window_forward(impl: Any, layer: Any, query: Any, key: Any, value: Any,
     out3 = output.view(-1, n, d)
     if attn_metadata is None or len(kv_cache) < 2:
         return out3.view(num_tokens, n * d).fill_(0)
-    from vllm.attention.backends.abstract import AttentionType
-
-    if impl.attn_type != AttentionType.DECODER:
-        raise NotImplementedError(f"gptoss-patch attention path supports decoder self-attention only, got "
-                                  f"attn_type={impl.attn_type!r}")
-    if kv_cache[0].dtype == torch.int8:
-        raise NotImplementedError("gptoss-patch attention path does not support an int8 KV cache")
-    q = query.view(-1, n, d)
+    _check_supported(impl, kv_cache[0])
     k = key.view(-1, kvn, d)
     v = value.view(-1, kvn, d).contiguous()
     if impl.key_cache is None:
@@ -155,29 +184,75 @@ def sink_window_forward(impl: Any, layer: Any, query: Any, key: Any, value: Any,
     num_actual = attn_metadata.num_actual_tokens
     torch_npu._npu_reshape_and_cache(key=k[:num_actual], value=v[:num_actual], key_cache=impl.key_cache,
                                      value_cache=impl.value_cache, slot_indices=attn_metadata.slot_mapping)
+    sink_window_attend(impl, lambda: getattr(layer, "layer_name", None), query, attn_metadata, out3)
+    return out3.view(num_tokens, n * d)
+
+
+def _check_supported(impl: Any, key_cache: Any) -> None:
+    import torch
+    from vllm.attention.backends.abstract import AttentionType
+
+    if impl.attn_type != AttentionType.DECODER:
+        raise NotImplementedError(f"gptoss-patch attention path supports decoder self-attention only, got "
+                                  f"attn_type={impl.attn_type!r}")
+    if key_cache is not None and key_cache.dtype == torch.int8:
+        raise NotImplementedError("gptoss-patch attention path does not support an int8 KV cache")
+
+
+def sink_window_attend(impl: Any, layer_name: Any, query: Any, attn_metadata: Any, output: Any) -> Any:
+    """Sink / sliding-window attention of one layer over its paged KV cache (the new tokens already written).
+
+    Computes the first ``actual_seq_lengths_q[-1]`` query rows with one fused call over the cache
+    (:func:`gptoss_patch.kernels.attention.sink_window_attention`) and writes them into ``output`` (the buffer vLLM
+    reads). A DecodeOnly batch padded to a graph size (fewer real tokens than rows) computes every row - padding rows
+    are one-token sequences with KV length 0, i.e. zero rows - as the captured launch does, so eager and graph make
+    the same launch and round identically. While a full ACL graph is being captured (FULL_DECODE_ONLY), the attention
+    is captured instead as one updatable task over all ``T`` rows (:func:`gptoss_patch.patches.aclgraph.capture_decode`).
+
+    Metadata fields read (present in ``AscendMetadata`` of every supported release, upstream_targets.md §3.1):
+    ``attn_state``, ``num_actual_tokens``, ``actual_seq_lengths_q`` (host list), ``seq_lens_list`` (host list),
+    ``block_tables``. No device-to-host synchronisation.
+
+    Args:
+        impl: the ``AscendAttentionBackendImpl`` (``key_cache``/``value_cache`` set, ``[num_blocks, block_size,
+            KV_N, D]``; ``sinks`` ``[N]`` or None; ``sliding_window`` or None).
+        layer_name: callable returning the vLLM layer name (only asked for under a capture).
+        query: ``[T, N*D]`` or ``[T, N, D]``; output: ``[T, N, D]`` (or a view of it), written in place.
+
+    Returns:
+        ``output``.
+
+    Raises:
+        NotImplementedError: encoder / cross attention, or int8 KV cache.
+        gptoss_patch.patches.aclgraph.AclGraphCaptureError: a full-graph capture of a batch that is not DecodeOnly.
+    """
+    from gptoss_patch.kernels import attention as kernels
     from gptoss_patch.patches import aclgraph
 
+    _check_supported(impl, impl.key_cache)
+    num_tokens = query.shape[0]
+    n, d = impl.num_heads, impl.head_size
+    q = query.view(-1, n, d)
+    out3 = output.view(-1, n, d)
     if aclgraph.capturing():  # FULL_DECODE_ONLY capture: one updatable launch over all T rows
-        aclgraph.capture_decode(impl, layer, q, out3, attn_metadata)
-        return out3.view(num_tokens, n * d)
-    # Host lists (no device sync). A padded decode batch (graph capture sizes) has more seq_lens entries
-    # than query offsets in vllm-ascend 0.11's builder (its query offsets stop one row short of the padding).
+        aclgraph.capture_decode(impl, layer_name(), q, out3, attn_metadata)
+        return output
+    # Host lists (no device sync).
     q_cu = attn_metadata.actual_seq_lengths_q
     kv_lens = attn_metadata.seq_lens_list
+    num_actual = attn_metadata.num_actual_tokens
     rows = min(num_tokens, attn_metadata.block_tables.shape[0])
-    if attn_metadata.attn_state == _decode_only() and q_cu[-1] < rows:
+    if attn_metadata.attn_state == _decode_only() and num_actual < rows:
         # Padded decode batch (PIECEWISE, or a full-graph size run eagerly): cover every row like the captured
-        # launch does (padding rows = one-token sequences with KV length 0 -> zero rows), so eager and graph
-        # make the same launch and round identically.
+        # launch does (padding rows = one-token sequences with KV length 0 -> zero rows).
         q_cu, kv_lens = kernels.decode_launch_lengths(q_cu, kv_lens, num_actual, rows)
     batch = len(q_cu)
     used = q_cu[-1]
     kernels.sink_window_attention(
         q[:used], impl.key_cache, impl.value_cache, block_table=attn_metadata.block_tables[:batch],
-        query_cu_lens=q_cu, kv_lens=kv_lens[:batch], num_heads=n, num_kv_heads=kvn,
-        scale=impl.scale,
-        sinks=impl.sinks, sliding_window=impl.sliding_window, out=out3[:used])
-    return out3.view(num_tokens, n * d)
+        query_cu_lens=q_cu, kv_lens=kv_lens[:batch], num_heads=n, num_kv_heads=impl.num_kv_heads,
+        scale=impl.scale, sinks=impl.sinks, sliding_window=impl.sliding_window, out=out3[:used])
+    return output
 
 
 def _decode_only() -> Any:
@@ -201,5 +276,13 @@ PATCHES = [
         wrapper=_forward_011,
         params=("layer", "query", "key", "value", "kv_cache", "attn_metadata", "output", "trace_flag"),
         summary="layers with sinks or a sliding window run fused TND attention with sinks and a 128-key band",
+    ),
+    PatchSpec(
+        name="attention.sink_window_forward_impl",
+        target_key="attention_impl_forward_impl",
+        wrapper=_forward_impl,
+        params=("query", "key", "value", "kv_cache", "attn_metadata", "output"),
+        summary="layers with sinks or a sliding window run fused TND attention with sinks and a 128-key band, "
+                "written into vLLM's output buffer",
     ),
 ]

@@ -172,12 +172,49 @@ def _apply_layer(layer, *args, **kwargs):
     return layer
 
 
+def check_comm_method(comm_method: Any, extras: MoEExtras) -> None:
+    """Refuse a communication method whose class overrides ``MoECommMethod.fused_experts`` for a GPT-OSS call.
+
+    The patched ``fused_experts`` is the base class's; a subclass with its own ``fused_experts`` runs a fused kernel
+    that never reaches ``unified_apply_mlp`` (0.12.0rc1 ``FusedAlltoAllCommImpl``, 0.13.0rc1+ ``FusedMC2CommImpl``:
+    ``torch.ops._C_ascend.dispatch_ffn_combine`` / ``dispatch_gmm_combine_decode``, SwiGLU without biases). The model
+    runners pick those only for ``w8a8_dynamic`` checkpoints on A3, never for GPT-OSS's BF16 experts; if one is
+    reached anyway, fail instead of computing garbage.
+
+    Args:
+        comm_method: the forward context's ``moe_comm_method`` (``None``: nothing to check).
+        extras: the call's :class:`MoEExtras`.
+
+    Raises:
+        NotImplementedError: ``extras`` needs our MLP and ``comm_method``'s class overrides ``fused_experts``.
+    """
+    if comm_method is None or extras.is_upstream:
+        return
+    owners = [k for k in type(comm_method).__mro__ if "fused_experts" in k.__dict__]
+    if len(owners) > 1:
+        raise NotImplementedError(
+            f"gptoss-patch: MoE communication method {type(comm_method).__name__} runs its own fused kernel "
+            f"({owners[0].__name__}.fused_experts), which has no {extras.activation!r} activation and no expert biases; "
+            f"GPT-OSS needs one of the methods that inherit {owners[-1].__name__}.fused_experts (e.g. AllGather, "
+            "All2All, MC2)")
+
+
+def _forward_comm_method() -> Any:
+    try:
+        from vllm.forward_context import get_forward_context
+
+        return getattr(get_forward_context(), "moe_comm_method", None)
+    except (AssertionError, ImportError):  # no forward context (a direct call): upstream fails later on its own
+        return None
+
+
 def _unquant_apply(wrapped, instance, args, kwargs):
     """wrapt wrapper for ``AscendUnquantizedFusedMoEMethod.apply(layer, x, use_grouped_topk, top_k, router_logits,
     renormalize, ..., **kwargs)``: sets the call's :class:`MoEExtras` (``activation`` arrives in ``**kwargs``)."""
     extras = layer_extras(instance, _apply_layer(*args, **kwargs), kwargs.get("activation"))
     if extras.is_upstream and _EXTRAS.get() is None:
         return wrapped(*args, **kwargs)
+    check_comm_method(_forward_comm_method(), extras)
     with _scope(extras):
         return wrapped(*args, **kwargs)
 
@@ -203,22 +240,28 @@ def _fused_experts(wrapped, instance, args, kwargs):
 def _bind_mlp_011(hidden_states, w1, w1_scale, w2, w2_scale, group_list, dynamic_scale=None, group_list_type=1,
                   w1_scale_bias=None, w2_scale_bias=None, topk_scales=None, with_quant=False, fusion=False,
                   need_trans=True, dynamic_eplb=False):
+    """0.11.x ``unified_apply_mlp`` parameters (upstream_targets.md §3.3, layout B) -> the ones the patch uses."""
     return {"hidden_states": hidden_states, "w1": w1, "w2": w2, "group_list": group_list,
             "group_list_type": group_list_type, "topk_scales": topk_scales, "with_quant": with_quant,
             "need_trans": need_trans}
 
 
-def _apply_mlp_011(wrapped, instance, args, kwargs):
-    """wrapt wrapper for 0.11.x ``moe_mlp.unified_apply_mlp(hidden_states, w1, w1_scale, w2, w2_scale, group_list,
-    ..., topk_scales=None, with_quant=False, fusion=False, need_trans=True, dynamic_eplb=False)``.
+def _bind_mlp_012(hidden_states, w1, w2, group_list, w1_scale=None, w2_scale=None, dynamic_scale=None,
+                  group_list_type=1, w1_scale_bias=None, w2_scale_bias=None, w1_offset=None, w2_offset=None,
+                  topk_scales=None, with_quant=False, fusion=False, need_trans=True, dynamic_eplb=False):
+    """0.12.0rc1 ... 0.14.0rc1 ``unified_apply_mlp`` parameters (``group_list`` before the scales, ``w1_offset`` /
+    ``w2_offset`` added; upstream_targets.md §3.3, layouts C, E, F) -> the ones the patch uses."""
+    return {"hidden_states": hidden_states, "w1": w1, "w2": w2, "group_list": group_list,
+            "group_list_type": group_list_type, "topk_scales": topk_scales, "with_quant": with_quant,
+            "need_trans": need_trans}
 
-    Shapes: ``hidden_states`` ``(M, H)`` sorted by expert; ``w1`` ``(E, H, 2I)``, ``w2`` ``(E, I, H)`` (as stored after
-    ``process_weights_after_loading``, ``need_trans=False``); ``group_list`` int64 ``(E,)``. Returns ``(M, H)``.
-    """
+
+def _run_mlp(bind, wrapped, args, kwargs):
+    """Shared body of the ``unified_apply_mlp`` wrappers: ``bind`` maps the release's signature to our arguments."""
     extras = _merge(kwargs.pop("activation", _UNSET), kwargs.pop("w1_bias", None), kwargs.pop("w2_bias", None))
     if extras is None or extras.is_upstream:
         return wrapped(*args, **kwargs)
-    b = _bind_mlp_011(*args, **kwargs)
+    b = bind(*args, **kwargs)
     if b["with_quant"]:
         raise NotImplementedError(
             f"gptoss-patch: a quantised MoE with activation {extras.activation!r} and/or expert biases is not "
@@ -229,6 +272,24 @@ def _apply_mlp_011(wrapped, instance, args, kwargs):
                               group_list_type=b["group_list_type"], activation=extras.activation,
                               w1_bias=extras.w1_bias, w2_bias=extras.w2_bias, topk_scales=b["topk_scales"],
                               need_trans=b["need_trans"])
+
+
+def _apply_mlp_011(wrapped, instance, args, kwargs):
+    """wrapt wrapper for 0.11.x ``moe_mlp.unified_apply_mlp(hidden_states, w1, w1_scale, w2, w2_scale, group_list,
+    ..., topk_scales=None, with_quant=False, fusion=False, need_trans=True, dynamic_eplb=False)``.
+
+    Shapes: ``hidden_states`` ``(M, H)`` sorted by expert; ``w1`` ``(E, H, 2I)``, ``w2`` ``(E, I, H)`` (as stored after
+    ``process_weights_after_loading``, ``need_trans=False``); ``group_list`` int64 ``(E,)``. Returns ``(M, H)``.
+    """
+    return _run_mlp(_bind_mlp_011, wrapped, args, kwargs)
+
+
+def _apply_mlp_012(wrapped, instance, args, kwargs):
+    """wrapt wrapper for 0.12.0rc1 ... 0.14.0rc1 ``moe_mlp.unified_apply_mlp(hidden_states, w1, w2, group_list,
+    w1_scale=None, w2_scale=None, dynamic_scale=None, group_list_type=1, w1_scale_bias=None, w2_scale_bias=None,
+    w1_offset=None, w2_offset=None, topk_scales=None, with_quant=False, fusion=False, need_trans=True,
+    dynamic_eplb=False)``; same shapes and behaviour as :func:`_apply_mlp_011`."""
+    return _run_mlp(_bind_mlp_012, wrapped, args, kwargs)
 
 
 PATCHES = [
@@ -254,6 +315,16 @@ PATCHES = [
         wrapper=_apply_mlp_011,
         params=("hidden_states", "w1", "w1_scale", "w2", "w2_scale", "group_list", "group_list_type",
                 "topk_scales", "with_quant", "need_trans"),
+        absent_params=("activation", "w1_bias", "w2_bias"),
+        rebind_keys=("moe_comm_method_module",),
+        summary="expert MLP: grouped matmuls with the biases, swigluoai (interleaved, clamped) in between",
+    ),
+    PatchSpec(
+        name="moe.apply_mlp_012",
+        target_key="moe_unified_apply_mlp_012",
+        wrapper=_apply_mlp_012,
+        params=("hidden_states", "w1", "w2", "group_list", "w1_scale", "w2_scale", "group_list_type",
+                "w1_offset", "topk_scales", "with_quant", "need_trans"),
         absent_params=("activation", "w1_bias", "w2_bias"),
         rebind_keys=("moe_comm_method_module",),
         summary="expert MLP: grouped matmuls with the biases, swigluoai (interleaved, clamped) in between",

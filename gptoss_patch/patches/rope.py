@@ -12,9 +12,13 @@ How
     A wrapt wrapper around ``AscendYaRNRotaryEmbedding.__init__`` pops ``truncate`` (vLLM >= 0.12);
     on vLLM 0.11, which does not pass it, it reads ``rope_scaling.truncate`` of a ``gpt_oss`` model
     from the current vLLM config (other models: unchanged). When ``truncate`` is False it recomputes
-    the ``cos_sin_cache`` buffer with the unrounded correction range, same dtype and device.
+    the ``cos_sin_cache`` buffer with the unrounded correction range, same dtype and device, and sets
+    ``self.truncate``. vLLM >= 0.12's own ``YaRNScalingRotaryEmbedding`` has ``truncate`` (default True), but the
+    Ascend class calls its parent without it, so the parent's cache is the rounded one: the recomputation is needed
+    in every release up to 0.14.0rc1. From 0.13.0rc1 the Ascend ``__init__`` also records the first rope's cache
+    in the module global ``_cos_sin_cache``; the wrapper re-points it at the recomputed cache.
 Upstream releases
-    vllm-ascend 0.11.0rc1 ... 0.14.0rc1. 0.15.0rc1 accepts ``truncate`` but documents that the real
+    vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (vLLM 0.11.0 ... 0.14.1). 0.15.0rc1 accepts ``truncate`` but documents that the real
     truncate behaviour is "currently not supported" (upstream_targets.md §7.2).
 Remove when
     vllm-ascend's YaRN class honours ``truncate`` and the oldest supported release has it.
@@ -63,15 +67,29 @@ def recompute_untruncated(rope: Any) -> None:
     rope.cos_sin_cache = cache.to(dtype=old.dtype, device=old.device)
 
 
+def _rerecord(rope: Any, old: Any) -> None:
+    """vllm-ascend 0.13.0rc1+ ``AscendYaRNRotaryEmbedding.__init__`` ends with ``_record_cos_sin_cache(self.cos_sin_cache)``:
+    the first rope built keeps its cache in the module global ``_cos_sin_cache``, from which ``update_cos_sin`` fills
+    the cos/sin slices that ``_rope_forward_oot`` uses for head size 128. If that global is the cache just replaced,
+    point it at the new one (0.11.x / 0.12.0rc1 have no such global: nothing to do)."""
+    import sys
+
+    module = sys.modules.get(type(rope).__module__)
+    if module is not None and getattr(module, "_cos_sin_cache", None) is old:
+        module._cos_sin_cache = rope.cos_sin_cache
+
+
 def _yarn_init(wrapped, instance, args, kwargs):
     """wrapt wrapper for ``AscendYaRNRotaryEmbedding.__init__``: accept and honour ``truncate``."""
     truncate = kwargs.pop("truncate", None)
     result = wrapped(*args, **kwargs)
     if truncate is None:
         truncate = _truncate_from_model_config()
-    instance.truncate = True if truncate is None else truncate
+    instance.truncate = True if truncate is None else bool(truncate)
     if truncate is False:
+        old = instance.cos_sin_cache
         recompute_untruncated(instance)
+        _rerecord(instance, old)
     return result
 
 

@@ -78,35 +78,62 @@ def pad_policy() -> str:
     return raw
 
 
-def upstream_nz_cast(wrapped: Any, dtype: Any) -> bool | None:
+def _on_310p(g: dict) -> bool | None:
+    """``is_310p()`` (0.11.x) or ``get_ascend_device_type() == AscendDeviceType._310P`` (0.12.0rc1+), from the module
+    globals ``g`` of the method upstream runs; None when neither is there."""
+    is_310p = g.get("is_310p")
+    if callable(is_310p):
+        return bool(is_310p())
+    get_type, types = g.get("get_ascend_device_type"), g.get("AscendDeviceType")
+    if callable(get_type) and getattr(types, "_310P", None) is not None:
+        return get_type() == types._310P
+    return None
+
+
+def upstream_nz_cast(wrapped: Any, dtype: Any, device: Any = None) -> bool | None:
     """Whether the running release's ``process_weights_after_loading`` will cast ``dtype`` expert weights to NZ.
 
-    Calls the functions that method calls itself, from its module's globals: ``is_310p()`` (310P: never), then
-    ``is_enable_nz(dtype)`` (0.11.0rc3, 0.11.0: ``dtype`` parameter) or ``is_enable_nz()`` (0.11.0rc1/rc2, 0.12.0rc1).
+    Asks the functions that method calls itself, from its module's globals (upstream_targets.md §8):
+
+    * 310P check: ``is_310p()`` (0.11.x) or ``get_ascend_device_type() == AscendDeviceType._310P`` (0.12.0rc1+);
+      on a 310P nothing is cast;
+    * ``is_enable_nz(dtype)`` (0.11.0rc3, 0.11.0: ``dtype`` parameter) or ``is_enable_nz()`` (0.11.0rc1/rc2,
+      0.12.0rc1: the ``VLLM_ASCEND_ENABLE_NZ`` value, for every dtype);
+    * else ``maybe_trans_nz(weight)`` (0.13.0rc1+, which casts or returns ``weight`` itself): called on a one-fractal
+      probe ``(1, 16, 16)`` of ``dtype`` on ``device``; the answer is whether it returned a different tensor.
 
     Args:
         wrapped: the original method (bound or not).
         dtype: the expert weights' dtype.
+        device: the expert weights' device (for the ``maybe_trans_nz`` probe; default CPU).
 
     Returns:
-        True / False, or ``None`` when the module has no such functions (another release family).
+        True / False, or ``None`` when the module has none of these functions (another release family).
 
     Raises:
-        whatever upstream's ``is_enable_nz`` raises (e.g. ``ValueError`` when the worker never initialised it -
-        upstream's own call a moment later would raise the same).
+        whatever upstream's ``is_enable_nz`` / ``maybe_trans_nz`` raise (e.g. ``ValueError`` when the worker never
+        initialised ``is_enable_nz`` - upstream's own call a moment later would raise the same).
     """
+    import torch
+
     func = inspect.unwrap(getattr(wrapped, "__func__", wrapped))  # through functools.wraps-style wrappers
     g = getattr(getattr(func, "__func__", func), "__globals__", None) or {}
-    is_310p, is_enable_nz = g.get("is_310p"), g.get("is_enable_nz")
-    if not callable(is_310p) or not callable(is_enable_nz):
+    on_310p = _on_310p(g)
+    if on_310p is None:
         return None
-    if is_310p():
+    if on_310p:
         return False
-    try:
-        params = inspect.signature(is_enable_nz).parameters
-    except (TypeError, ValueError):
-        return None
-    return bool(is_enable_nz(dtype) if "dtype" in params else is_enable_nz())
+    is_enable_nz, maybe_trans_nz = g.get("is_enable_nz"), g.get("maybe_trans_nz")
+    if callable(is_enable_nz):
+        try:
+            params = inspect.signature(is_enable_nz).parameters
+        except (TypeError, ValueError):
+            return None
+        return bool(is_enable_nz(dtype) if "dtype" in params else is_enable_nz())
+    if callable(maybe_trans_nz):
+        probe = torch.zeros((1, 16, 16), dtype=dtype, device=device)
+        return maybe_trans_nz(probe) is not probe
+    return None
 
 
 @dataclass(frozen=True)
@@ -163,7 +190,7 @@ def decide(method: Any, layer: Any, wrapped: Any = None) -> PadDecision:
         return PadDecision(inter, target, f"{POLICY_ENV}=always")
     if w13.dtype not in (torch.bfloat16, torch.float16, torch.int8):
         return PadDecision(inter, None, f"{w13.dtype} weights: the grouped matmul has no NZ rule to satisfy")
-    nz = upstream_nz_cast(wrapped, w13.dtype)
+    nz = upstream_nz_cast(wrapped, w13.dtype, w13.device)
     if nz is False:
         return PadDecision(inter, None, "this vllm-ascend keeps these MoE weights in ND (no alignment rule)")
     why = "vllm-ascend will cast them to FRACTAL_NZ" if nz else "cannot tell whether vllm-ascend casts them to NZ"

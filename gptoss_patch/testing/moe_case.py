@@ -8,6 +8,7 @@ holding the weights - the independent oracle for vllm-ascend's MoE layer with ou
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -101,3 +102,179 @@ def reference(w, x, dtype=torch.float32):
 def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
     """``max|out - ref| / max|ref|`` (float32)."""
     return ((out.float() - ref).abs().max() / ref.abs().max()).item()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# where the MoE code lives in the cell's release (read from gptoss_patch.matrix, not from version checks)
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MoEModules:
+    """The vllm-ascend MoE modules of one layout family, imported.
+
+    Attributes:
+        layout: the :data:`gptoss_patch.matrix.LAYOUTS` key ("B", "C", "E", "F").
+        fused_moe: module defining ``AscendUnquantizedFusedMoEMethod`` (0.11.x ``ops.common_fused_moe``, 0.12.0rc1+
+            ``ops.fused_moe.fused_moe``).
+        comm: ``...moe_comm_method`` (``MoECommMethod`` and its implementations; imports ``unified_apply_mlp`` by
+            value).
+        mlp: ``...moe_mlp`` (``unified_apply_mlp``).
+        selector: ``...experts_selector`` (``select_experts``).
+        apply_mlp_patch: the name of our ``unified_apply_mlp`` patch in this layout (``moe.apply_mlp`` or
+            ``moe.apply_mlp_012``).
+    """
+
+    layout: str
+    fused_moe: Any
+    comm: Any
+    mlp: Any
+    selector: Any
+    apply_mlp_patch: str
+
+    @property
+    def method_cls(self) -> Any:
+        """``AscendUnquantizedFusedMoEMethod`` of this release."""
+        return self.fused_moe.AscendUnquantizedFusedMoEMethod
+
+
+def moe_modules(layout: str) -> MoEModules:
+    """Import and return the MoE modules of ``layout`` from the targets of :data:`gptoss_patch.matrix.LAYOUTS`.
+
+    Raises:
+        KeyError: ``layout`` is not a layout of the matrix, or lacks an MoE target.
+    """
+    import importlib
+
+    from gptoss_patch import matrix
+
+    targets = matrix.LAYOUTS[layout]
+    names = matrix.LAYOUT_PATCHES[layout]
+    apply_mlp = next(n for n in names if n.startswith("moe.apply_mlp"))
+    from gptoss_patch.patches import all_specs
+
+    mlp_target = targets[all_specs()[apply_mlp].target_key]
+    fused_moe = importlib.import_module(targets["moe_unquant_apply"].partition(":")[0])
+    comm = importlib.import_module(targets["moe_comm_method_module"])
+    mlp = importlib.import_module(mlp_target.partition(":")[0])
+    selector = importlib.import_module(comm.__name__.rpartition(".")[0] + ".experts_selector")
+    return MoEModules(layout, fused_moe, comm, mlp, selector, apply_mlp)
+
+
+def routed_out(result: Any) -> torch.Tensor:
+    """The routed-expert output of ``MoECommMethod.fused_experts``: the tensor itself (0.11.x ... 0.13.0rc1), or
+    ``FusedExpertsResult.routed_out`` (0.13.0rc2+)."""
+    return result if isinstance(result, torch.Tensor) else result.routed_out
+
+
+#: MoE communication types of each layout family (``vllm_ascend.ascend_forward_context.MoECommType`` members, read from
+#: the wheels; tests/cell/test_moe.py checks this against the installed enum).
+COMM_TYPES: dict[str, tuple[str, ...]] = {
+    "B": ("ALLGATHER", "MC2", "ALLTOALL", "NAIVE_MULTICAST"),
+    "C": ("ALLGATHER", "MC2", "ALLTOALL", "FUSED_ALLTOALL"),
+    "E": ("ALLGATHER", "MC2", "ALLTOALL", "FUSED_MC2"),
+    "F": ("ALLGATHER", "MC2", "ALLTOALL", "FUSED_MC2"),
+}
+
+#: The communication types whose ``MoECommMethod`` subclass overrides ``fused_experts`` with a fused kernel
+#: (``torch.ops._C_ascend.dispatch_ffn_combine`` / ``dispatch_gmm_combine_decode``: no activation, no biases); the
+#: runner picks them only for ``w8a8_dynamic`` checkpoints on A3 (0.12.0rc1 ``_select_moe_comm_method``, 0.13.0+
+#: ``select_moe_comm_method``).
+FUSED_COMM_TYPES: dict[str, tuple[str, ...]] = {"B": (), "C": ("FUSED_ALLTOALL",), "E": ("FUSED_MC2",),
+                                                 "F": ("FUSED_MC2",)}
+
+
+def cell_layout() -> str | None:
+    """The layout of the matrix cell named by ``GPTOSS_CELL`` (for parametrising at collection), or None."""
+    import os
+
+    from gptoss_patch import matrix
+
+    cell = os.environ.get("GPTOSS_CELL")
+    row = next((r for r in matrix.ROWS if r.vllm_ascend == cell), None)
+    return row.layout if row is not None else None
+
+
+def _runner_method(module_name: str, class_name: str, method: str) -> Any:
+    """``class_name.method`` of ``module_name`` compiled from the wheel's source *without importing that module*.
+
+    For ``vllm_ascend.worker.model_runner_v1``, whose import needs ``numba`` (vLLM's n-gram proposer), which the cell
+    venvs do not install: the function's own source (``ast``) is compiled in a namespace holding only the names it
+    uses, imported the way the module's top-level ``from X import Y`` statements import them. The code that runs is
+    upstream's, unchanged.
+
+    Raises:
+        LookupError: the method is not defined in the module's source, or uses a name no top-level import provides.
+    """
+    import __future__
+    import ast
+    import importlib
+
+    from gptoss_patch.registry import module_source_path
+
+    path = module_source_path(module_name)
+    if path is None:
+        raise LookupError(f"{module_name} not found")
+    with open(path, encoding="utf-8") as fh:
+        source = fh.read()
+    tree = ast.parse(source)
+    cls = next((n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == class_name), None)
+    func = next((n for n in (cls.body if cls else []) if isinstance(n, ast.FunctionDef) and n.name == method), None)
+    if func is None:
+        raise LookupError(f"{module_name}:{class_name}.{method} is not defined in {path}")
+    used = {n.id for n in ast.walk(func) if isinstance(n, ast.Name)}
+    namespace: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            for alias in node.names:
+                bound = alias.asname or alias.name
+                if bound in used and bound not in namespace:
+                    namespace[bound] = getattr(importlib.import_module(node.module), alias.name)
+    func.decorator_list = []
+    code = compile(ast.Module(body=[func], type_ignores=[]), path, "exec",
+                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    import builtins
+
+    local = {a.arg for a in ast.walk(func) if isinstance(a, ast.arg)}
+    local |= {n.id for n in ast.walk(func) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    missing = sorted(used - set(namespace) - set(dir(builtins)) - local)
+    if missing:
+        raise LookupError(f"{class_name}.{method} uses names without a top-level import: {missing}")
+    exec(code, namespace)  # noqa: S102 - upstream's own method source, see docstring
+    return namespace[method]
+
+
+def select_moe_comm_type(vllm_config: Any, num_tokens: int, with_prefill: bool = True) -> Any:
+    """The ``MoECommType`` the running release's model runner picks for a step of ``num_tokens`` tokens.
+
+    * 0.13.0+: ``vllm_ascend.ascend_forward_context.select_moe_comm_method`` (via
+      :func:`gptoss_patch.testing.vllm_setup.select_moe_comm_type`);
+    * 0.12.0rc1: ``NPUModelRunner._select_moe_comm_method`` itself (:func:`_runner_method`), after
+      ``set_mc2_tokens_capacity`` as ``NPUModelRunner.__init__`` calls it (``max_num_seqs``, decode query length 1);
+    * 0.11.x: :func:`gptoss_patch.testing.vllm_setup.select_moe_comm_type` (its restatement of the 0.11 rules).
+    """
+    import types
+
+    import vllm_ascend.ascend_forward_context as afc
+
+    from gptoss_patch.testing import vllm_setup
+
+    if hasattr(afc, "select_moe_comm_method") or hasattr(afc.MoECommType, "NAIVE_MULTICAST"):
+        return vllm_setup.select_moe_comm_type(vllm_config, num_tokens, with_prefill)
+    if afc.get_mc2_tokens_capacity() is None:
+        spec = vllm_config.speculative_config
+        afc.set_mc2_tokens_capacity(vllm_config, vllm_config.scheduler_config.max_num_seqs,
+                                    1 + (spec.num_speculative_tokens if spec else 0))
+    select = _runner_method("vllm_ascend.worker.model_runner_v1", "NPUModelRunner", "_select_moe_comm_method")
+    runner = types.SimpleNamespace(vllm_config=vllm_config, parallel_config=vllm_config.parallel_config)
+    return select(runner, num_tokens)
+
+
+def set_default_torch_dtype(dtype: torch.dtype) -> Any:
+    """vLLM's ``set_default_torch_dtype(dtype)`` context manager (``vllm.model_executor.model_loader.utils`` in 0.11,
+    ``vllm.utils.torch_utils`` from 0.12), as its model loader uses it around model construction."""
+    try:
+        from vllm.utils.torch_utils import set_default_torch_dtype as impl
+    except ImportError:
+        from vllm.model_executor.model_loader.utils import set_default_torch_dtype as impl
+    return impl(dtype)

@@ -1,14 +1,17 @@
 """Bring up the real vLLM + vllm-ascend worker state in this process, on the CPU NPU simulator.
 
 What ``NPUWorker.__init__`` / ``_init_worker_distributed_environment`` and ``NPUModelRunner`` do before a forward pass
-(vllm_ascend/worker/worker_v1.py and model_runner_v1.py in 0.11.0; worker/worker.py in 0.15.0rc1), without an engine,
-a scheduler or worker processes, so tests and benchmarks can build real layers and call them:
+(vllm_ascend/worker/worker_v1.py and model_runner_v1.py in 0.11.0 / 0.12.0rc1 / 0.13.0 / 0.14.0rc1; worker/worker.py in
+0.15.0rc1), without an engine, a scheduler or worker processes, so tests and benchmarks can build real layers and call
+them:
 
 * :func:`engine_config` - ``EngineArgs(...).create_engine_config()`` with CPU-friendly defaults;
 * :func:`ascend_context` - context manager: process-wide distributed init (gloo, once per process) and the per-config
   vllm-ascend init (``adapt_patch``, ``is_enable_nz``, ``register_ascend_customop``, ``init_ascend_config``, SoC
   version), inside ``set_current_vllm_config``; yields the ``VllmConfig``;
 * :func:`load_model` - the model through vLLM's own loader (checkpoint weights, ``process_weights_after_loading``);
+* :func:`layout` - the module-layout family (``gptoss_patch.matrix.LAYOUTS`` key) of the installed vllm-ascend;
+* :func:`worker_patch_report` - which of vllm-ascend's worker patch modules are applied, and which could not be;
 * :func:`forward_context` - vllm-ascend's forward context for ``num_tokens`` tokens, with the MoE communication method
   the model runner would pick (or the one you name).
 
@@ -25,6 +28,13 @@ registry in a child interpreter, which must see the simulator too); :func:`ascen
 ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` if unset and installs the simulator in this process. The first
 :func:`engine_config` of a machine takes ~50 s (vLLM's registry inspection, cached afterwards in ``~/.cache/vllm``).
 
+Worker patches: ``adapt_patch()`` imports ``vllm_ascend/patch/worker/__init__.py``. In vllm-ascend 0.12.0rc1
+(``patch_qwen2_5_vl``, ``patch_qwen2_5_omni``, ``patch_qwen3_vl``) and 0.13.0 (``patch_qwen3vl``) some of those
+patch modules import ``torchvision`` (through transformers' Qwen-VL video processors), which cannot be imported beside
+the cells' CPU torch 2.13 (the PyPI torchvision wheels link ``libtorch_cuda``). Then the package's statements are run
+one at a time, as its import would run them, and only the statements that need ``torchvision`` are skipped (all of
+them patch vision-language models; :func:`worker_patch_report` lists them). Every other worker patch is applied.
+
 Limits: one distributed world per process (the first :func:`ascend_context` fixes world size, rank and the TP/PP
 sizes; a later config with other sizes raises). Several configs (dtype, expert parallel on/off, checkpoints) can be used
 one after another in a process. Layer names must be unique per config (vLLM's static forward context).
@@ -40,7 +50,7 @@ import threading
 from typing import Any, Iterator
 
 __all__ = ["engine_config", "ascend_context", "load_model", "forward_context", "select_moe_comm_type",
-           "mc2_tokens_capacity", "ENGINE_DEFAULTS"]
+           "mc2_tokens_capacity", "layout", "worker_patch_report", "ENGINE_DEFAULTS"]
 
 #: Defaults for :func:`engine_config` (each can be overridden by keyword).
 ENGINE_DEFAULTS: dict[str, Any] = {

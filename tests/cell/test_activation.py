@@ -3,13 +3,17 @@ and the first real patch (AscendAttentionBackendImpl keeps ``sinks``)."""
 
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from conftest import run_python
+from gptoss_patch import matrix
+from gptoss_patch.patches import all_specs
 
 IMPL_ARGS = "8, 64, 0.125, 1, None, 128, 'auto', None, 'decoder', None"
 
@@ -31,14 +35,68 @@ def _result(proc: subprocess.CompletedProcess) -> dict:
     raise AssertionError(f"child gave no result (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
-def test_fresh_interpreter_applies_and_keeps_sinks(cell):
+def test_fresh_interpreter_applies_and_keeps_sinks(cell, layout):
     res = _result(run_python(CHILD))
     st = res["status"]
     assert st["decision"] == "apply" and st["row"] == cell and st["ok"]
     assert st["sources"] == ["import-hook"]
     assert all(p["state"] == "applied" for p in st["patches"])
-    assert {"attention.keep_sinks", "attention.sink_window_forward"} <= {p["name"] for p in st["patches"]}
+    assert [p["name"] for p in st["patches"]] == list(matrix.LAYOUT_PATCHES[layout])
+    assert [p["target"] for p in st["patches"]] == [
+        matrix.LAYOUTS[layout][all_specs()[n].target_key] for n in matrix.LAYOUT_PATCHES[layout]]
     assert res["kept"] is True
+    # the installed release is a tested one: every wrapped target is the code that release shipped
+    for p in st["patches"]:
+        assert p["drift"].startswith("tested code (as shipped in ") and cell in p["drift"][len("tested code (as shipped in "):-1].split(", "), p
+
+
+def test_fingerprint_table_matches_the_installed_release(cell, layout):
+    from gptoss_patch import drift
+    from gptoss_patch.registry import fingerprint
+
+    stored = drift.table()[cell]
+    targets = sorted({t for lay in matrix.LAYOUTS.values() for t in lay.values() if ":" in t})
+    live = {t: fingerprint(t) for t in targets}
+    assert {t: fp for t, fp in live.items() if fp is not None} == stored
+    assert all(live[t] for t in matrix.LAYOUTS[layout].values() if ":" in t)
+
+
+EDIT_TARGET = "attention_impl_init"
+
+
+def test_an_edited_release_is_reported_as_untested_code_and_still_applied(tmp_path, layout):
+    """Drift: a copy of the installed vllm_ascend with one target's body edited (same signature)."""
+    import ast
+    import importlib.util
+    import shutil
+
+    target = matrix.LAYOUTS[layout][EDIT_TARGET]
+    module, qualname = target.split(":")
+    src_root = Path(importlib.util.find_spec("vllm_ascend").origin).parent
+    shutil.copytree(src_root, tmp_path / "vllm_ascend", symlinks=True)
+    path = tmp_path.joinpath(*module.split(".")).with_suffix(".py")
+    lines = path.read_text().splitlines(keepends=True)
+    node = ast.parse("".join(lines))
+    for part in qualname.split("."):
+        node = next(n for n in ast.iter_child_nodes(node) if getattr(n, "name", None) == part)
+    first = node.body[0]
+    indent = " " * first.col_offset
+    lines.insert(first.lineno - 1, f"{indent}_locally_edited = True  # a site-local hotfix\n")
+    path.write_text("".join(lines))
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--json", "--no-children"],
+                          capture_output=True, text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    report = json.loads(proc.stdout)
+    patches = {p["target"]: p for p in report["status"]["patches"]}
+    edited = patches[target]
+    assert edited["state"] == "applied"  # the structural check passed: applied, and marked
+    assert edited["drift"].startswith("untested code: fingerprint") and "matches no release" in edited["drift"]
+    assert any(target in w and "untested code" in w for w in report["warnings"])
+    others = [p for t, p in patches.items() if t != target]
+    assert others and all(p["drift"].startswith("tested code") for p in others)
+    assert report["status"]["decision"] == "apply" and report["ok"] and proc.returncode == 0
+    human = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--no-children"], capture_output=True,
+                           text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert f"warning: patch {edited['name']} wraps {target}: untested code" in human.stdout
 
 
 def test_disable_leaves_upstream_untouched_and_upstream_drops_sinks():

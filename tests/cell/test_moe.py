@@ -5,6 +5,14 @@ Layers are built the way vLLM builds them: the real ``vllm...fused_moe.FusedMoE(
 worker state of :mod:`gptoss_patch.testing.vllm_setup`, and run through vllm-ascend's forward context and MoE
 communication methods on the CPU NPU simulator. One test loads a whole tiny model through vLLM's own weight loader.
 
+Every apply cell runs this file (layouts B, C, E, F of ``gptoss_patch.matrix``): the MoE modules are the layout's
+targets (:func:`gptoss_patch.testing.moe_case.moe_modules`: ``ops.common_fused_moe`` + ``ops.moe.*`` in 0.11.x,
+``ops.fused_moe.*`` from 0.12.0rc1), ``fused_experts``' ``FusedExpertsResult`` (0.13.0rc2+) is unwrapped, and the
+communication types are the release's own (NaiveMulticast exists only in 0.11.x; 0.12.0rc1 adds FusedAlltoAll,
+0.13.0+ FusedMC2). Float32 layers are built with ``VLLM_ASCEND_ENABLE_NZ=0`` where the release would NZ-cast float32
+experts (0.12.0rc1's ``is_enable_nz()`` ignores the dtype; the grouped matmul takes no float32 NZ weight, see
+:func:`test_float32_nz_experts_on_012_are_rejected_by_the_gmm`); bfloat16 layers keep the release's default.
+
 The oracle is transformers 4.57.1 ``GptOssMLP`` (router + experts) in float32 with the same weights (HF layout:
 ``gate_up_proj [E, H, 2I]`` interleaved, ``gate_up_proj_bias [E, 2I]``, ``down_proj [E, I, H]``, ``down_proj_bias
 [E, H]``, router ``Linear(H, E)`` with bias). Error metric: ``max|out - ref| / max|ref|`` over the whole output.
@@ -21,15 +29,21 @@ since there a bf16 and a float32 router legitimately pick different experts.
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import importlib
+import inspect
 import itertools
+import os
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from gptoss_patch.testing import vllm_setup
-from gptoss_patch.testing.moe_case import TOP_K, Weights, hf_mlp, make_tokens, make_weights, reference, rel_err  # noqa: F401
+from gptoss_patch.testing.moe_case import (COMM_TYPES, FUSED_COMM_TYPES, TOP_K, Weights, cell_layout, hf_mlp,  # noqa: F401
+                                           make_tokens, make_weights, moe_modules, reference, rel_err, routed_out,
+                                           select_moe_comm_type, set_default_torch_dtype)
 from gptoss_patch.testing.tiny import write_checkpoint
 
 H_SMALL, I_SMALL = 64, 96  # small dims
@@ -73,18 +87,53 @@ def configs(ckpt):
     return get
 
 
+@pytest.fixture(scope="session")
+def mods(layout):
+    """The cell's MoE modules (:class:`gptoss_patch.testing.moe_case.MoEModules`)."""
+    return moe_modules(layout)
+
+
 _names = itertools.count()
 
 
-def build_layer(cfg, w, dtype, *, tp_rank=0, tp_size=1, activation="swigluoai", has_bias=True):
+def fp32_nz_off(dtype):
+    """``VLLM_ASCEND_ENABLE_NZ=0`` while a float32 layer is processed on a release whose MoE NZ decision ignores the
+    dtype (0.12.0rc1: ``is_enable_nz()``; 0.11.x asks ``is_enable_nz(dtype)``, 0.13.0+ ``maybe_trans_nz`` keeps fp32 in
+    ND): such NZ float32 experts are rejected by the grouped matmul whatever their shape. Elsewhere a no-op."""
+    import vllm_ascend.utils as vu
+
+    if dtype != torch.float32 or not hasattr(vu, "is_enable_nz") or "dtype" in inspect.signature(
+            vu.is_enable_nz).parameters:
+        return contextlib.nullcontext()
+    return env_var("VLLM_ASCEND_ENABLE_NZ", "0")
+
+
+@contextlib.contextmanager
+def env_var(name, value):
+    """``os.environ[name] = value`` for the duration (``None``: unset)."""
+    old = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def build_layer(cfg, w, dtype, *, tp_rank=0, tp_size=1, activation="swigluoai", has_bias=True, release_nz=False):
     """The MoE layer as vLLM's ``gpt_oss.py`` builds it (``FusedMoE(...)`` with ``MLPBlock``'s arguments), holding
     tensor-parallel rank ``tp_rank`` of ``tp_size``'s weights, loaded the way vLLM 0.11.0's
     ``GptOssModel._load_weights_other`` loads them without expert parallelism (column range ``2*start:2*end`` of the
     interleaved ``gate_up_proj``, row range of ``down_proj``, ``w2_bias`` only on rank 0), then
     ``process_weights_after_loading``. ``tp_size > 1`` builds that rank's layer in this single-process world (the
-    per-rank shapes; the all-reduce is done by the caller)."""
+    per-rank shapes; the all-reduce is done by the caller). Float32 layers get :func:`fp32_nz_off` unless
+    ``release_nz``."""
     from vllm.model_executor.layers.fused_moe import FusedMoE
-    from vllm.model_executor.model_loader.utils import set_default_torch_dtype
 
     e, h, i = w.dims
     per_rank = i // tp_size
@@ -100,20 +149,23 @@ def build_layer(cfg, w, dtype, *, tp_rank=0, tp_size=1, activation="swigluoai", 
             if has_bias:
                 layer.w13_bias.copy_(w.b13[:, 2 * start:2 * end])
                 layer.w2_bias.copy_(w.b2 if tp_rank == 0 else torch.zeros_like(w.b2))
-        layer.quant_method.process_weights_after_loading(layer)
+        with (contextlib.nullcontext() if release_nz else fp32_nz_off(dtype)):
+            layer.quant_method.process_weights_after_loading(layer)
     return layer
 
 
 def run_layer(cfg, layer, w, x, *, moe_comm_type=None, with_prefill=True):
     """Router ``Linear`` (in the layer's dtype, as ``MLPBlock.router``) then the MoE layer, in vllm-ascend's forward
-    context for ``len(x)`` tokens. The MoE communication methods are process-global in vllm-ascend 0.11 (set up by the
-    last ``AscendFusedMoE`` built), so they are set up for this layer first."""
-    from vllm_ascend.ops.moe.moe_comm_method import setup_moe_comm_method
-
+    context for ``len(x)`` tokens, with the communication method the release's runner picks (or ``moe_comm_type``).
+    The MoE communication methods are process-global in vllm-ascend (set up by the last ``AscendFusedMoE`` built), so
+    they are set up for this layer first."""
+    comm = importlib.import_module(type(layer.quant_method).__module__.rpartition(".")[0] + ".moe_comm_method")
     dtype = layer.w13_weight.dtype
     xd = x.to(dtype)
     with vllm_setup.ascend_context(vllm_config=cfg), torch.no_grad():
-        setup_moe_comm_method(layer.moe_config)
+        comm.setup_moe_comm_method(layer.moe_config)
+        if moe_comm_type is None:
+            moe_comm_type = select_moe_comm_type(cfg, xd.shape[0], with_prefill)
         logits = F.linear(xd, w.router_w.to(dtype), w.router_b.to(dtype))
         with vllm_setup.forward_context(cfg, xd.shape[0], with_prefill=with_prefill, moe_comm_type=moe_comm_type):
             return layer(hidden_states=xd, router_logits=logits)
@@ -137,55 +189,61 @@ def comm_type(name):
 
 
 @pytest.fixture
-def upstream_moe(monkeypatch):
+def upstream_moe(monkeypatch, mods):
     """Switch the three MoE patches off for the duration of a test (originals put back, by-value name included)."""
-    import vllm_ascend.ops.common_fused_moe as cfm
-    import vllm_ascend.ops.moe.moe_comm_method as mcm
-    import vllm_ascend.ops.moe.moe_mlp as mlp
-
-    monkeypatch.setattr(cfm.AscendUnquantizedFusedMoEMethod, "apply",
-                        cfm.AscendUnquantizedFusedMoEMethod.__dict__["apply"].__wrapped__)
-    monkeypatch.setattr(mcm.MoECommMethod, "fused_experts", mcm.MoECommMethod.__dict__["fused_experts"].__wrapped__)
-    original_mlp = mlp.unified_apply_mlp.__wrapped__
-    monkeypatch.setattr(mlp, "unified_apply_mlp", original_mlp)
-    monkeypatch.setattr(mcm, "unified_apply_mlp", original_mlp)
+    method = mods.method_cls
+    monkeypatch.setattr(method, "apply", method.__dict__["apply"].__wrapped__)
+    base = mods.comm.MoECommMethod
+    monkeypatch.setattr(base, "fused_experts", base.__dict__["fused_experts"].__wrapped__)
+    original_mlp = mods.mlp.unified_apply_mlp.__wrapped__
+    monkeypatch.setattr(mods.mlp, "unified_apply_mlp", original_mlp)
+    monkeypatch.setattr(mods.comm, "unified_apply_mlp", original_mlp)
 
 
 # -------------------------------------------------------------------------------------------------- patch plumbing
 
 
-def test_moe_patches_applied_and_by_value_name_rebound(configs):
+def test_moe_patches_applied_and_by_value_name_rebound(configs, mods, layout):
     import gptoss_patch
-    import vllm_ascend.ops.common_fused_moe as cfm
-    import vllm_ascend.ops.moe.moe_comm_method as mcm
-    import vllm_ascend.ops.moe.moe_mlp as mlp
-    from vllm_ascend.ops.moe.moe_comm_method import MoECommMethod
+    from gptoss_patch import matrix
 
     cfg = configs("bf16")
     layer = build_layer(cfg, make_weights(4, H_SMALL, I_SMALL, 0), torch.bfloat16)
-    states = {p.name: p.state for p in gptoss_patch.status().patches}
+    states = {p.name: (p.state, p.target) for p in gptoss_patch.status().patches}
+    want = {"moe.unquant_apply": "moe_unquant_apply", "moe.fused_experts": "moe_fused_experts",
+            mods.apply_mlp_patch: ("moe_unified_apply_mlp_011" if layout == "B" else "moe_unified_apply_mlp_012")}
     assert {k: v for k, v in states.items() if k.startswith("moe.")} == {
-        "moe.unquant_apply": "applied", "moe.fused_experts": "applied", "moe.apply_mlp": "applied"}
+        name: ("applied", matrix.LAYOUTS[layout][key]) for name, key in want.items()}
     assert type(layer).__name__ == "AscendFusedMoE"
-    assert type(layer.quant_method) is cfm.AscendUnquantizedFusedMoEMethod
+    assert type(layer.quant_method) is mods.method_cls
     assert layer.moe_config.has_bias and layer.activation == "swigluoai"
-    assert mcm.unified_apply_mlp is mlp.unified_apply_mlp
-    assert getattr(mcm.unified_apply_mlp, "_self_gptoss_patch_name", None) == "moe.apply_mlp"
-    # all four 0.11.0 communication methods inherit the patched fused_experts
-    impls = [mcm.AllGatherCommImpl, mcm.MC2CommImpl, mcm.AlltoAllCommImpl, mcm.NaiveMulticastCommImpl]
-    for cls in impls:
-        below = cls.__mro__[:cls.__mro__.index(MoECommMethod)]
-        assert not any("fused_experts" in k.__dict__ for k in below), cls
-    assert getattr(MoECommMethod.__dict__["fused_experts"], "_self_gptoss_patch_name", None) == "moe.fused_experts"
+    assert mods.comm.unified_apply_mlp is mods.mlp.unified_apply_mlp
+    assert getattr(mods.comm.unified_apply_mlp, "_self_gptoss_patch_name", None) == mods.apply_mlp_patch
+    base = mods.comm.MoECommMethod
+    assert getattr(base.__dict__["fused_experts"], "_self_gptoss_patch_name", None) == "moe.fused_experts"
+    # the release's communication types are the ones moe_case.COMM_TYPES records for this layout
+    import vllm_ascend.ascend_forward_context as afc
+
+    assert sorted(t.name for t in afc.MoECommType) == sorted(COMM_TYPES[layout])
+    # every communication method inherits the patched fused_experts, except the fused-kernel ones (quantised only)
+    with vllm_setup.ascend_context(vllm_config=cfg):
+        mods.comm.setup_moe_comm_method(layer.moe_config)
+        overriding = []
+        for t in afc.MoECommType:
+            impl = mods.comm.get_moe_comm_method(t)
+            assert isinstance(impl, base), t
+            if any("fused_experts" in k.__dict__ for k in type(impl).__mro__[:type(impl).__mro__.index(base)]):
+                overriding.append(t.name)
+    assert overriding == list(FUSED_COMM_TYPES[layout])
 
 
-def test_upstream_routing_is_gptoss_routing(configs):
+def test_upstream_routing_is_gptoss_routing(configs, mods):
     """vllm-ascend's ``select_experts`` with GPT-OSS's arguments (softmax, top-4, renormalize, no grouping; it runs
     ``npu_moe_gating_top_k_softmax`` then renormalises) = transformers' ``GptOssTopKRouter`` (top-4 logits, softmax
     over them): the same experts and weights, so routing needs no change."""
     from transformers import GptOssConfig
     from transformers.models.gpt_oss.modeling_gpt_oss import GptOssTopKRouter
-    from vllm_ascend.ops.moe.experts_selector import select_experts
+    select_experts = mods.selector.select_experts
 
     cfg = configs("fp32")
     w = make_weights(32, H_SMALL, I_SMALL, 3)
@@ -196,7 +254,8 @@ def test_upstream_routing_is_gptoss_routing(configs):
         router.bias.copy_(w.router_b)
         scores, ids_ref = router(x)
     logits = F.linear(x, w.router_w, w.router_b)
-    with vllm_setup.ascend_context(vllm_config=cfg), vllm_setup.forward_context(cfg, x.shape[0]):
+    with vllm_setup.ascend_context(vllm_config=cfg), vllm_setup.forward_context(
+            cfg, x.shape[0], moe_comm_type=select_moe_comm_type(cfg, x.shape[0])):
         weights, ids = select_experts(hidden_states=x, router_logits=logits, top_k=TOP_K, use_grouped_topk=False,
                                       renormalize=True, scoring_func="softmax", global_num_experts=32)
     assert ids.dtype == torch.int32
@@ -238,7 +297,7 @@ def loaded(ckpt, configs):
     def get(name):
         if name not in cache:
             cfg = configs(name)
-            with vllm_setup.ascend_context(vllm_config=cfg):
+            with vllm_setup.ascend_context(vllm_config=cfg), fp32_nz_off(cfg.model_config.dtype):
                 cache[name] = vllm_setup.load_model(cfg)
         return cache[name]
 
@@ -253,12 +312,11 @@ def weights_of(hf_block):
 
 
 @pytest.mark.parametrize("name", ["fp32", "bf16"])
-def test_model_loaded_by_vllm_matches_transformers(ckpt, configs, loaded, name):
+def test_model_loaded_by_vllm_matches_transformers(ckpt, configs, loaded, name, mods):
     """The real path end to end: vLLM's ``GptOssForCausalLM`` (MLPBlock: router Linear + FusedMoE) built and loaded by
     vLLM 0.11.0's loader from the checkpoint (``_load_weights_other``: interleaved w13, biases), every layer's MLP
     against transformers' ``GptOssForCausalLM`` loaded from the same files."""
     from transformers import GptOssForCausalLM
-    from vllm_ascend.ops.moe.moe_comm_method import setup_moe_comm_method
 
     cfg = configs(name)
     dtype = torch.float32 if name == "fp32" else torch.bfloat16
@@ -270,8 +328,8 @@ def test_model_loaded_by_vllm_matches_transformers(ckpt, configs, loaded, name):
         w = weights_of(hf.model.layers[i].mlp)
         x = make_tokens(w, 300, seed=90 + i, dtype=dtype, min_gap=0.1 if dtype == torch.bfloat16 else 0.0)
         with vllm_setup.ascend_context(vllm_config=cfg), torch.no_grad():
-            setup_moe_comm_method(mlp.experts.moe_config)
-            with vllm_setup.forward_context(cfg, x.shape[0]):
+            mods.comm.setup_moe_comm_method(mlp.experts.moe_config)
+            with vllm_setup.forward_context(cfg, x.shape[0], moe_comm_type=select_moe_comm_type(cfg, x.shape[0])):
                 out = mlp(x.to(dtype))
         ref = reference(w, x)
         if dtype == torch.float32:
@@ -309,18 +367,26 @@ def test_experts_that_receive_no_token(configs):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_gpt_oss_120b_per_rank_dims(configs, dtype):
+def test_gpt_oss_120b_per_rank_dims(configs, cell, dtype):
     """gpt-oss-120b's per-rank expert shapes at TP=8: hidden 2880, intermediate 360 (w13 [E, 2880, 720], w2
-    [E, 360, 2880] after vllm-ascend's transpose); 8 experts instead of 128 for memory. 0.11.0 keeps bf16 MoE weights
-    in ND (``is_enable_nz`` is False for bf16), so the grouped matmul's NZ alignment rule does not apply."""
+    [E, 360, 2880] after vllm-ascend's transpose); 8 experts instead of 128 for memory; ``VLLM_ASCEND_ENABLE_NZ`` at its
+    default. Where the release NZ-casts bf16 experts by default (0.12.0rc1: ``is_enable_nz()`` = 1), the padding patch
+    has made them ``I' = 368`` (w13 [E, 2880, 736], w2 [E, 368, 2880], FRACTAL_NZ, which the grouped matmul accepts);
+    elsewhere (0.11.0: ``is_enable_nz(bf16)`` is False without eagle; 0.13.0+: ``maybe_trans_nz`` needs
+    ``VLLM_ASCEND_ENABLE_NZ=2``) they stay ND at 360. Either way the output matches transformers."""
     import torch_npu
 
+    from gptoss_patch.kernels.padding import nz_rule
+
+    nz = dtype == torch.bfloat16 and nz_rule(cell).casts(env_value=1)
+    inter = 368 if nz else I_120B_RANK
     cfg = configs("fp32" if dtype == torch.float32 else "bf16")
     w = make_weights(8, H_120B, I_120B_RANK, seed=120).rounded(dtype)
     x = make_tokens(w, 512, seed=8, dtype=dtype, min_gap=0.1 if dtype == torch.bfloat16 else 0.0)
-    layer = build_layer(cfg, w, dtype)
-    assert tuple(layer.w13_weight.shape) == (8, 2880, 720) and tuple(layer.w2_weight.shape) == (8, 360, 2880)
-    assert torch_npu.get_npu_format(layer.w2_weight) == 2  # ND
+    with env_var("VLLM_ASCEND_ENABLE_NZ", None):
+        layer = build_layer(cfg, w, dtype)
+    assert tuple(layer.w13_weight.shape) == (8, 2880, 2 * inter) and tuple(layer.w2_weight.shape) == (8, inter, 2880)
+    assert torch_npu.get_npu_format(layer.w2_weight) == (29 if nz else 2)
     for n in (1, 512):
         out = run_layer(cfg, layer, w, x[:n])
         ref = reference(w, x[:n])
@@ -328,6 +394,28 @@ def test_gpt_oss_120b_per_rank_dims(configs, dtype):
             assert rel_err(out, ref) <= FP32_TOL
         else:
             assert_bf16_close(out, w, x[:n], ref)
+
+
+def test_float32_nz_experts_on_012_are_rejected_by_the_gmm(configs, mods):
+    """Why :func:`fp32_nz_off` exists: where the release NZ-casts float32 experts (0.12.0rc1 with its default
+    ``VLLM_ASCEND_ENABLE_NZ=1``), the grouped matmul rejects the float32 NZ weight (no fp32 row in the operator's NZ
+    table), whatever the shape - padding cannot help; serve GPT-OSS in bf16 there, or with ``VLLM_ASCEND_ENABLE_NZ=0``.
+    On the other releases float32 experts stay ND and the same layer runs."""
+    import torch_npu
+    import vllm_ascend.utils as vu
+
+    cfg = configs("fp32")
+    w = make_weights(4, H_SMALL, I_SMALL, seed=13)
+    x = make_tokens(w, 16, seed=14)
+    casts_fp32 = hasattr(vu, "is_enable_nz") and "dtype" not in inspect.signature(vu.is_enable_nz).parameters
+    with env_var("VLLM_ASCEND_ENABLE_NZ", None):
+        layer = build_layer(cfg, w, torch.float32, release_nz=True)
+    assert torch_npu.get_npu_format(layer.w13_weight) == (29 if casts_fp32 else 2)
+    if casts_fp32:
+        with pytest.raises(RuntimeError, match=r"When weight\(DT_FLOAT\) format is FRACTAL_NZ"):
+            run_layer(cfg, layer, w, x)
+    else:
+        assert rel_err(run_layer(cfg, layer, w, x), reference(w, x)) <= FP32_TOL
 
 
 def test_nz_weights_at_120b_rank_dims_fail_the_gmm_alignment_rule(configs):

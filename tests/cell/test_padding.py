@@ -168,7 +168,6 @@ def build_layer(cfg, w, dtype, *, nz=None, policy=None, tp_rank=0, tp_size=1, nu
     Returns ``(layer, loaded)`` with ``loaded`` = ``{name: data_ptr}`` of the parameters the loader filled.
     """
     from vllm.model_executor.layers.fused_moe import FusedMoE
-    from vllm.model_executor.model_loader.utils import set_default_torch_dtype
 
     e, h, i = w.dims
     per_rank = i // tp_size

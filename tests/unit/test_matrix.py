@@ -115,3 +115,43 @@ def test_every_layout_patch_is_declared_and_targets_exist_in_the_layout():
         for name in names:
             assert name in specs, f"layout {layout} needs undeclared patch {name}"
             assert specs[name].target_key in matrix.LAYOUTS[layout]
+
+
+@pytest.mark.parametrize("va,vv,layout", [("0.11.0", "0.11.0", "B"), ("0.12.0rc1", "0.12.0", "C"),
+                                          ("0.13.0", "0.13.0", "E"), ("0.14.0rc1", "0.14.1", "F")])
+def test_every_tested_row_applies_exactly_with_its_paired_vllm(va, vv, layout):
+    d = decide(va, vv, structural_check=incompatible)  # exact tested pairing: the check is not consulted
+    assert d.verdict == APPLY and d.exact and d.row.vllm_ascend == va and d.row.layout == layout
+    assert d.row.tested
+
+
+def test_014_with_the_other_014_vllm_is_judged_by_structure():
+    # vllm-ascend 0.14.0rc1 pairs with vLLM 0.14.1 (versioning policy); 0.14.0 is another build
+    assert decide("0.14.0rc1", "0.14.0", structural_check=compatible).verdict == APPLY
+    d = decide("0.14.0rc1", "0.14.0", structural_check=incompatible)
+    assert d.verdict == REFUSE and "tested pairing: vllm 0.14.1" in d.reason
+
+
+@pytest.mark.parametrize("va,vv,judged_as", [("0.11.0rc1", "0.11.0", "0.11.0"), ("0.11.0rc2", "0.11.0", "0.11.0"),
+                                             ("0.11.0rc3", "0.11.0", "0.11.0"), ("0.13.0rc1", "0.13.0", "0.13.0"),
+                                             ("0.13.0rc2", "0.13.0", "0.13.0")])
+def test_untested_rows_apply_only_through_the_structural_check_of_a_tested_row(va, vv, judged_as):
+    ok = decide(va, vv, structural_check=compatible)
+    assert ok.verdict == APPLY and not ok.exact and ok.row.vllm_ascend == judged_as
+    assert f"structurally compatible with {judged_as}" in ok.reason
+    bad = decide(va, vv, structural_check=incompatible)
+    assert bad.verdict == REFUSE and f"structurally different from {judged_as}" in bad.reason
+    assert decide(va, vv).verdict == REFUSE  # no check, no apply
+
+
+def test_013rc3_is_refused_as_a_separate_untested_build_even_if_checks_pass():
+    d = decide("0.13.0rc3", "0.13.0", structural_check=compatible)
+    assert d.verdict == REFUSE
+    assert "separate build" in d.reason and "no cell tests" in d.reason
+    assert "vllm-ascend 0.13.0 with vllm 0.13.0" in d.reason  # names what is supported
+
+
+def test_every_tested_apply_row_has_a_layout_with_patches():
+    for row in matrix.ROWS:
+        if row.verdict == APPLY:
+            assert row.layout in matrix.LAYOUTS and matrix.LAYOUT_PATCHES[row.layout], row

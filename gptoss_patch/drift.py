@@ -1,0 +1,92 @@
+"""Drift: is the code we are about to patch the code a tested release shipped?
+
+For every release of the version matrix that we patch, ``upstream_fingerprints.json`` (next to this module) holds
+a fingerprint of each patch target: the sha256 of the target's source segment (``ast.get_source_segment`` of its
+``def``/``class``, decorators excluded - the method of ``shared/reference/upstream_fingerprints.json``), computed
+from the released wheel by ``scripts/update_fingerprints.py``. At activation every applied target is
+fingerprinted again from the installed files (:func:`gptoss_patch.registry.fingerprint`) and classified here:
+
+* *tested code*: the fingerprint equals that of a tested release (a nox cell ran the suite against it);
+* *untested code*: it matches no tested release - an edited install, a local build, a release we have not run.
+  ``verify`` marks it. Whether to apply is still the structural check's call (signature and presence), so an
+  edit that keeps the structure is applied and reported, not refused.
+
+Every cell checks that the installed release's live fingerprints equal its entry in the table
+(``tests/cell/test_activation.py``), so the table cannot silently go stale.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+#: The table: ``{vllm_ascend_release: {"module:qualname": sha256}}``.
+TABLE_PATH = Path(__file__).with_name("upstream_fingerprints.json")
+
+TESTED = "tested code"
+UNTESTED = "untested code"
+UNKNOWN = "no fingerprint"
+
+
+@dataclass(frozen=True)
+class Drift:
+    """How one target's installed code compares with the releases we know.
+
+    Attributes:
+        verdict: :data:`TESTED`, :data:`UNTESTED` or :data:`UNKNOWN` (no source to hash, e.g. a module target).
+        matches: releases (tested or not) whose shipped target has this fingerprint, oldest first.
+        text: one human line for ``verify``.
+    """
+
+    verdict: str
+    matches: tuple[str, ...]
+    text: str
+
+
+@functools.lru_cache(maxsize=1)
+def table() -> Mapping[str, Mapping[str, str]]:
+    """The fingerprint table (read once). An unreadable table gives ``{}``: drift then reports *untested code*.
+
+    Raises nothing: drift is informative and must never stop activation.
+    """
+    try:
+        return json.loads(TABLE_PATH.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+
+
+def _tested_releases() -> set[str]:
+    from gptoss_patch import matrix
+
+    return {r.vllm_ascend for r in matrix.ROWS if r.tested and r.verdict == matrix.APPLY}
+
+
+def classify(target: str, fingerprint: str | None,
+             fingerprints: Mapping[str, Mapping[str, str]] | None = None,
+             tested: set[str] | None = None) -> Drift:
+    """Classify ``target``'s installed ``fingerprint`` against the table.
+
+    Args:
+        target: ``"module:qualname"`` as in :data:`gptoss_patch.matrix.LAYOUTS`.
+        fingerprint: sha256 hex of its installed source segment, or None when it has none.
+        fingerprints: the table (default :func:`table`); tests pass their own.
+        tested: releases that count as tested (default: matrix rows with ``tested=True`` and verdict apply).
+    """
+    if fingerprint is None:
+        return Drift(UNKNOWN, (), "no source to fingerprint")
+    fingerprints = table() if fingerprints is None else fingerprints
+    tested = _tested_releases() if tested is None else tested
+    from packaging.version import Version
+
+    matches = tuple(sorted((rel for rel, fps in fingerprints.items() if fps.get(target) == fingerprint),
+                           key=Version))
+    tested_matches = [m for m in matches if m in tested]
+    if tested_matches:
+        return Drift(TESTED, matches, f"{TESTED} (as shipped in {', '.join(tested_matches)})")
+    if matches:
+        return Drift(UNTESTED, matches, f"{UNTESTED}: as shipped in {', '.join(matches)}, which no cell tests")
+    return Drift(UNTESTED, (), f"{UNTESTED}: fingerprint {fingerprint[:12]} matches no release we know "
+                               "(edited or local build); applied because the structural check passed")

@@ -1,0 +1,78 @@
+"""The untested rows of the matrix are decided from the released wheels (issue 8).
+
+Each release's wheel is downloaded from PyPI once (``pip download --no-deps``; cached under
+``~/.cache/gptoss-patch/wheels``), its Python files extracted - nothing is installed or imported - and
+:func:`gptoss_patch.matrix.decide` is run in a child interpreter that sees only that tree as ``vllm_ascend``,
+with the real static structural check (:func:`gptoss_patch._activation._structural_check`, ``ast`` only).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from gptoss_patch import matrix
+
+CACHE = Path(os.environ.get("GPTOSS_PATCH_WHEEL_CACHE", Path.home() / ".cache" / "gptoss-patch" / "wheels"))
+
+DECIDE = """
+import json, sys
+from gptoss_patch import _activation, matrix
+d = matrix.decide(sys.argv[1], sys.argv[2], structural_check=_activation._structural_check)
+print(json.dumps({"verdict": d.verdict, "reason": d.reason, "row": d.row.vllm_ascend if d.row else None,
+                  "failures": list(d.structural_failures)}))
+"""
+
+
+def _tree(release: str) -> Path:
+    CACHE.mkdir(parents=True, exist_ok=True)
+    wheels = sorted(CACHE.glob(f"vllm_ascend-{release}-*.whl"))
+    if not wheels:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--disable-pip-version-check",
+                        f"vllm-ascend=={release}", "-d", str(CACHE)], check=True, timeout=900)
+        wheels = sorted(CACHE.glob(f"vllm_ascend-{release}-*.whl"))
+    assert wheels, f"pip download gave no wheel for vllm-ascend {release}"
+    root = CACHE / f"tree-{release}"
+    if not (root / "vllm_ascend" / "__init__.py").exists():
+        with zipfile.ZipFile(wheels[0]) as zf:
+            zf.extractall(root, [n for n in zf.namelist() if n.startswith("vllm_ascend/") and n.endswith(".py")])
+    return root
+
+
+def _decide(release: str, vllm: str, as_version: str | None = None) -> dict:
+    """decide() for the tree of ``release`` (reported as ``as_version`` when given)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPTOSS_PATCH_")}
+    env["PYTHONPATH"] = str(_tree(release))
+    proc = subprocess.run([sys.executable, "-c", DECIDE, as_version or release, vllm], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+UNTESTED_APPLY = [r for r in matrix.ROWS if r.verdict == matrix.APPLY and not r.tested]
+
+
+@pytest.mark.parametrize("row", UNTESTED_APPLY, ids=[r.vllm_ascend for r in UNTESTED_APPLY])
+def test_untested_row_wheel_passes_the_structural_check_of_its_tested_row(row):
+    d = _decide(row.vllm_ascend, row.vllm)
+    assert d["verdict"] == matrix.APPLY, d
+    judged = {r.vllm_ascend: r for r in matrix.ROWS}[d["row"]]
+    assert judged.tested and judged.layout == row.layout, (d, row)
+    assert f"structurally compatible with {judged.vllm_ascend}" in d["reason"]
+
+
+def test_rc0_wheel_is_structurally_different_as_well_as_refused():
+    d = _decide("0.11.0rc0", "0.11.0")
+    assert d["verdict"] == matrix.REFUSE and "different architecture" in d["reason"]
+    # its tree judged as a local 0.11 build does not pass the 0.11.0 layout either (the MoE method module differs)
+    env_check = _decide("0.11.0rc0", "0.11.0", as_version="0.11.0rc0.dev1")
+    assert env_check["verdict"] == matrix.REFUSE and env_check["failures"], env_check
+
+
+def test_013rc3_wheel_is_refused_by_its_row_whatever_its_structure():
+    d = _decide("0.13.0rc3", "0.13.0")
+    assert d["verdict"] == matrix.REFUSE and "separate build" in d["reason"]
