@@ -151,6 +151,14 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+#: Where this nox run's sessions record their times (set by ``tests``; read by ``timings``).
+_TIMINGS: list[tuple[str, float, float]] = []
+
+
+def _record(name: str, env_s: float, tests_s: float) -> None:
+    _TIMINGS.append((name, env_s, tests_s))
+
+
 def _pytest(session: nox.Session, py: Path, *args: str, env: dict[str, str]) -> None:
     session.run(str(py), "-m", "pytest", "-p", "no:cacheprovider", *args, *session.posargs, external=True, env=env)
 
@@ -161,8 +169,13 @@ def unit(session: nox.Session) -> None:
     t0 = time.monotonic()
     py = cached_venv(session, "unit", [[TORCH], [x for x in UNIT_DEPS if x != TORCH]])
     install_self(session, py)
-    session.log(f"unit venv ready in {time.monotonic() - t0:.0f} s")
-    _pytest(session, py, "tests/unit", "-q", "-m", "not upstream", env=_clean_env())
+    build = time.monotonic() - t0
+    session.log(f"unit venv ready in {build:.0f} s")
+    t1 = time.monotonic()
+    try:
+        _pytest(session, py, "tests/unit", "-q", "-m", "not upstream", env=_clean_env())
+    finally:
+        _record("unit", build, time.monotonic() - t1)
 
 
 def _cell(release: str):
@@ -174,10 +187,13 @@ def _cell(release: str):
         build = time.monotonic() - t0
         session.log(f"cell {release}: environment ready in {build:.0f} s")
         t1 = time.monotonic()
-        _pytest(session, py, *spec["tests"], "-q", env=_clean_env(GPTOSS_CELL=release))
-        if "unit_upstream" in spec:
-            _pytest(session, py, *spec["unit_upstream"], "-q", env=_clean_env())
-        session.log(f"cell {release}: environment {build:.0f} s, tests {time.monotonic() - t1:.0f} s")
+        try:
+            _pytest(session, py, *spec["tests"], "-q", env=_clean_env(GPTOSS_CELL=release))
+            if "unit_upstream" in spec:
+                _pytest(session, py, *spec["unit_upstream"], "-q", env=_clean_env())
+        finally:
+            _record(f"cell-{release}", build, time.monotonic() - t1)
+            session.log(f"cell {release}: environment {build:.0f} s, tests {time.monotonic() - t1:.0f} s")
 
     cell.__doc__ = f"Suite against the real vllm-ascend {release} wheels ({', '.join(spec['no_deps'])})."
     return cell
@@ -206,6 +222,17 @@ def tests(session: nox.Session) -> None:
     session.notify("unit")
     for release in _tested:
         session.notify(f"cell-{release}")
+    session.notify("timings")
+
+
+@nox.session
+def timings(session: nox.Session) -> None:
+    """Print the time per session of this nox run (environment build or reuse, tests) and the total."""
+    total = 0.0
+    for name, env_s, tests_s in _TIMINGS:
+        session.log(f"{name:<18} environment {env_s:6.0f} s   tests {tests_s:6.0f} s   total {env_s + tests_s:6.0f} s")
+        total += env_s + tests_s
+    session.log(f"{'all sessions':<18} {total:.0f} s ({total / 60:.1f} min)")
 
 
 @nox.session

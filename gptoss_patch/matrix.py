@@ -370,11 +370,22 @@ def _maybe_force(decision: Decision, force: bool, rows: Sequence[Row], va: Versi
 
 
 def table(rows: Sequence[Row] = ROWS) -> list[Mapping[str, str]]:
-    """The matrix as rows of strings for ``verify --matrix`` (release, vllm, torch/torch-npu, CANN, verdict, tested)."""
+    """The matrix as rows of strings for ``verify --matrix`` and the README (release, paired vllm, torch /
+    torch-npu, CANN, verdict, layout family, tested, note)."""
     out = []
     for r in sorted(rows, key=lambda r: r.version):
         out.append({"vllm-ascend": r.vllm_ascend, "vllm": r.vllm or "-", "torch / torch-npu": f"{r.torch} / {r.torch_npu}",
-                    "CANN": r.cann, "verdict": r.verdict, "tested": "yes" if r.tested else "no", "note": r.note})
+                    "CANN": r.cann, "verdict": r.verdict, "layout": r.layout or "-",
+                    "tested": f"yes (cell-{r.vllm_ascend})" if r.tested else "no", "note": r.note})
     out.append({"vllm-ascend": f">= {NATIVE_FROM}", "vllm": "paired", "torch / torch-npu": "as pinned", "CANN": "as pinned",
-                "verdict": STAND_DOWN, "tested": "no", "note": "native GPT-OSS support upstream"})
+                "verdict": STAND_DOWN, "layout": "-", "tested": "no", "note": "native GPT-OSS support upstream"})
     return out
+
+
+def markdown(rows: Sequence[Row] = ROWS) -> str:
+    """The matrix as the Markdown table the README shows (tested by ``tests/unit/test_readme.py``)."""
+    cols = ["vllm-ascend", "vllm", "torch / torch-npu", "CANN", "verdict", "layout", "tested", "note"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for r in table(rows):
+        lines.append("| " + " | ".join(r[c] for c in cols) + " |")
+    return "\n".join(lines)

@@ -298,7 +298,7 @@ def _print_matrix() -> None:
     from gptoss_patch import matrix
 
     rows = matrix.table()
-    cols = ["vllm-ascend", "vllm", "torch / torch-npu", "CANN", "verdict", "tested", "note"]
+    cols = ["vllm-ascend", "vllm", "torch / torch-npu", "CANN", "verdict", "layout", "tested", "note"]
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols[:-1]}
     print("  ".join(c.ljust(widths[c]) for c in cols[:-1]) + "  note")
     for r in rows:
