@@ -11,8 +11,12 @@ Why
 How
     Three ``wrapt`` wrappers and one per-call :class:`contextvars.ContextVar` carry ``(activation, w1_bias, w2_bias)``
     from the quant method to the expert MLP, through whichever communication method the forward context picked
-    (AllGather, NaiveMulticast, All2All and MC2 all inherit ``MoECommMethod.fused_experts``; their dispatchers and
-    combiners need nothing: the biases act per expert row inside the GEMMs and the combine weights the rows as before):
+    (AllGather, All2All, MC2 and, in 0.11.x, NaiveMulticast all inherit ``MoECommMethod.fused_experts``; their
+    dispatchers and combiners need nothing: the biases act per expert row inside the GEMMs and the combine weights the
+    rows as before). 0.12.0rc1's ``FusedAlltoAllCommImpl`` and 0.13.0+'s ``FusedMC2CommImpl`` override
+    ``fused_experts`` with a fused dispatch-FFN-combine kernel (no bias, no swigluoai); their runners pick them only
+    for ``w8a8_dynamic`` checkpoints on A3, and a GPT-OSS call that reaches one anyway raises
+    :class:`NotImplementedError` (:func:`check_comm_method`):
 
     * ``moe.unquant_apply`` wraps ``AscendUnquantizedFusedMoEMethod.apply``: reads ``activation`` from its keyword
       arguments (string, or the ``MoEActivation`` enum vLLM >= 0.17 passes - normalised by ``.value``, vllm-ascend
@@ -23,9 +27,11 @@ How
     * ``moe.fused_experts`` wraps ``MoECommMethod.fused_experts``: accepts vllm-ascend 0.15's ``w1_bias=`` /
       ``w2_bias=`` keywords and honours its own ``activation`` parameter (ignored upstream); explicit arguments
       override the context set by ``apply``.
-    * ``moe.apply_mlp`` wraps ``moe_mlp.unified_apply_mlp`` (also rebound in ``moe_comm_method``, which imports it by
-      value, upstream_targets.md §3.5): accepts 0.15's ``activation=`` / ``w1_bias=`` / ``w2_bias=`` keywords or reads
-      the context, and runs :func:`gptoss_patch.kernels.moe.grouped_expert_mlp`: ``npu_grouped_matmul`` with
+    * ``moe.apply_mlp`` (0.11.x signature) / ``moe.apply_mlp_012`` (0.12.0rc1 ... 0.14.0rc1: ``group_list`` before the
+      scales, ``w1_offset``/``w2_offset``) wrap ``moe_mlp.unified_apply_mlp`` (also rebound in ``moe_comm_method``,
+      which imports it by value, upstream_targets.md §3.5): accept 0.15's ``activation=`` / ``w1_bias=`` /
+      ``w2_bias=`` keywords or read the context, and run :func:`gptoss_patch.kernels.moe.grouped_expert_mlp`:
+      ``npu_grouped_matmul`` with
       ``bias=[w1_bias as float32]`` (for bf16), :func:`~gptoss_patch.kernels.moe.swigluoai` in plain torch (vLLM's
       ``SwigluOAIAndMul.forward_native``, as vllm-ascend 0.15.0rc1 does), ``npu_grouped_matmul`` with ``w2_bias``.
 
@@ -39,9 +45,10 @@ How
     holds its own experts' biases; the dispatchers only send a rank the rows of its experts.
 Upstream releases
     vllm-ascend 0.11.0rc1 ... 0.11.0 (layout B: ``vllm_ascend.ops.common_fused_moe`` + ``vllm_ascend.ops.moe.*``).
-    0.12.0rc1 ... 0.14.0rc1 keep the same behaviour under ``vllm_ascend.ops.fused_moe.*`` with other signatures (need
-    their own layout rows). 0.15.0rc1 consumes ``activation`` and the biases natively; the structural checks refuse
-    targets that already have those parameters.
+    0.12.0rc1 ... 0.14.0rc1 (layouts C, E, F: ``vllm_ascend.ops.fused_moe.{fused_moe, moe_comm_method, moe_mlp}``):
+    same behaviour; ``apply`` drops ``shared_experts`` from 0.13.0rc2 and ``fused_experts`` returns a
+    ``FusedExpertsResult`` from 0.13.0rc2 (the wrappers pass any return value through). 0.15.0rc1 consumes
+    ``activation`` and the biases natively; the structural checks refuse targets that already have those parameters.
 Remove when
     the oldest supported vllm-ascend is >= 0.15.0rc1.
 """
@@ -194,7 +201,8 @@ def check_comm_method(comm_method: Any, extras: MoEExtras) -> None:
     if len(owners) > 1:
         raise NotImplementedError(
             f"gptoss-patch: MoE communication method {type(comm_method).__name__} runs its own fused kernel "
-            f"({owners[0].__name__}.fused_experts), which has no {extras.activation!r} activation and no expert biases; "
+            f"({owners[0].__name__}.fused_experts), which has no {extras.activation!r} activation and no expert "
+            "biases; "
             f"GPT-OSS needs one of the methods that inherit {owners[-1].__name__}.fused_experts (e.g. AllGather, "
             "All2All, MC2)")
 

@@ -3,7 +3,8 @@
 Why
     GPT-OSS sets ``rope_scaling.truncate = false`` (the reference model does not round the YaRN
     correction range; :mod:`gptoss_patch.kernels.rope`). vLLM 0.11 always rounds, so the rotary
-    cos/sin of every GPT-OSS layer differ from the model's by up to ~0.06 (measured on head_dim 64),
+    cos/sin of every GPT-OSS layer differ from the model's by up to 2.69 (measured on head_dim 64 over all 131072
+    positions: the phase error grows with the position until signs flip; cos/sin are scaled by mscale 1.35),
     enough to change greedy tokens. vLLM >= 0.12 passes ``truncate=`` to the rotary class, but
     vllm-ascend's ``AscendYaRNRotaryEmbedding.__init__`` (registered out-of-tree for
     ``YaRNScalingRotaryEmbedding``) has no such parameter until 0.15.0rc1, so model construction
@@ -18,7 +19,8 @@ How
     in every release up to 0.14.0rc1. From 0.13.0rc1 the Ascend ``__init__`` also records the first rope's cache
     in the module global ``_cos_sin_cache``; the wrapper re-points it at the recomputed cache.
 Upstream releases
-    vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (vLLM 0.11.0 ... 0.14.1). 0.15.0rc1 accepts ``truncate`` but documents that the real
+    vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (vLLM 0.11.0 ... 0.14.1). 0.15.0rc1 accepts ``truncate`` but documents that the
+    real
     truncate behaviour is "currently not supported" (upstream_targets.md §7.2).
 Remove when
     vllm-ascend's YaRN class honours ``truncate`` and the oldest supported release has it.
@@ -68,10 +70,11 @@ def recompute_untruncated(rope: Any) -> None:
 
 
 def _rerecord(rope: Any, old: Any) -> None:
-    """vllm-ascend 0.13.0rc1+ ``AscendYaRNRotaryEmbedding.__init__`` ends with ``_record_cos_sin_cache(self.cos_sin_cache)``:
-    the first rope built keeps its cache in the module global ``_cos_sin_cache``, from which ``update_cos_sin`` fills
-    the cos/sin slices that ``_rope_forward_oot`` uses for head size 128. If that global is the cache just replaced,
-    point it at the new one (0.11.x / 0.12.0rc1 have no such global: nothing to do)."""
+    """vllm-ascend 0.13.0rc1+ ``AscendYaRNRotaryEmbedding.__init__`` ends with
+    ``_record_cos_sin_cache(self.cos_sin_cache)``: the first rope built keeps its cache in the module global
+    ``_cos_sin_cache``, from which ``update_cos_sin`` fills the cos/sin slices that ``_rope_forward_oot`` uses for head
+    size 128. If that global is the cache just replaced, point it at the new one (0.11.x / 0.12.0rc1 have no such
+    global: nothing to do)."""
     import sys
 
     module = sys.modules.get(type(rope).__module__)

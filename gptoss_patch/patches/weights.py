@@ -14,10 +14,10 @@ Why
     vLLM's own ``_maybe_pad_weight`` pads only on ROCm (upstream_targets.md §4.2).
 How
     One ``wrapt`` wrapper around the unquantised MoE method's ``process_weights_after_loading(layer)``. It runs *after*
-    vLLM's loader has filled the parameters (vLLM 0.11's BF16 GPT-OSS loader ``_load_weights_other`` copies each
-    rank's slice with ``param.copy_(narrow_weight)``, not through a ``weight_loader``, so parameters created padded
-    would make that copy fail; padding after loading leaves the loader and ``create_weights`` untouched and needs no
-    second copy of the checkpoint slice) and *before* upstream transposes and NZ-casts. For a ``swigluoai`` layer
+    vLLM's loader has filled the parameters (vLLM 0.11 ... 0.14's BF16 GPT-OSS loader ``_load_weights_other`` copies
+    each rank's slice with ``param.copy_(narrow_weight)``, not through a ``weight_loader``, so parameters created
+    padded would make that copy fail; padding after loading leaves the loader and ``create_weights`` untouched and needs
+    no second copy of the checkpoint slice) and *before* upstream transposes and NZ-casts. For a ``swigluoai`` layer
     (GPT-OSS; every other activation is left alone - their ``w13`` is not interleaved) whose ``I`` is not a multiple of
     16, it pads ``w13_weight (E, 2I, H)`` with whole zero gate/up pairs, ``w13_bias (E, 2I)`` likewise and
     ``w2_weight (E, H, I)`` with zero columns to ``I' = ceil(I / 16) * 16``
@@ -28,8 +28,9 @@ How
     ``tests/unit/test_padding_math.py`` and ``tests/cell/test_padding.py``). Aligned layers are not copied.
 
     When: ``GPTOSS_PATCH_MOE_PAD`` = ``auto`` (default) pads exactly when the running release will NZ-cast this
-    layer's weights - asked from the same functions its ``process_weights_after_loading`` calls (``is_310p()`` and
-    ``is_enable_nz(dtype)`` / ``is_enable_nz()``, looked up in the wrapped function's module globals), and only for
+    layer's weights - asked from the same functions its ``process_weights_after_loading`` calls, looked up in the
+    wrapped function's module globals (:func:`upstream_nz_cast`: ``is_310p()`` or ``get_ascend_device_type()``, then
+    ``is_enable_nz(dtype)`` / ``is_enable_nz()``, or ``maybe_trans_nz`` probed on a one-fractal tensor), and only for
     bf16/fp16/int8 weights (an fp32 NZ weight is rejected whatever its shape); if the release's decision cannot be
     read, it pads (always safe, costs memory). ``always`` pads every unaligned ``swigluoai`` layer (any dtype),
     ``never`` disables the patch's effect. Any other value raises ``ValueError`` at model load.
@@ -38,9 +39,12 @@ How
     without EP; ``2880`` with EP, which is aligned). ``w2_bias (E, H)`` does not depend on ``I``.
 Upstream releases
     vllm-ascend 0.11.0rc1 ... 0.11.0 (layout B: ``vllm_ascend.ops.common_fused_moe:AscendUnquantizedFusedMoEMethod``).
-    0.12.0rc1 ... 0.14.0rc1 have the same method under ``vllm_ascend.ops.fused_moe.fused_moe`` (0.13+ decide through
-    ``maybe_trans_nz``: needs a layout row and that decision). Not covered: the torchair graph-mode MoE method
-    (``vllm_ascend.torchair``), which has its own weight processing.
+    0.12.0rc1 ... 0.14.0rc1 (layouts C, E, F: the same method under ``vllm_ascend.ops.fused_moe.fused_moe``; 0.12.0rc1
+    casts by default, 0.13.0rc1+ decide through ``maybe_trans_nz``, bf16 only with ``VLLM_ASCEND_ENABLE_NZ=2``). Not
+    covered: the torchair graph-mode MoE method (``vllm_ascend.torchair``), which has its own weight processing.
+    0.11.x and 0.12.0rc1 also NZ-cast *float32* experts whenever they cast bf16 ones (``is_enable_nz`` ignores or
+    does not exclude fp32 there), which the grouped matmul rejects whatever the shape: padding cannot help; serve bf16
+    or set ``VLLM_ASCEND_ENABLE_NZ=0`` (``tests/cell/test_moe.py``).
 Remove when
     the oldest supported vllm-ascend pads unaligned MoE weights itself or never NZ-casts them (0.15.0rc1 still casts
     bf16 experts with ``VLLM_ASCEND_ENABLE_NZ=2`` without padding).

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import importlib
 import inspect
 import itertools
 import os
@@ -41,9 +40,9 @@ import torch
 import torch.nn.functional as F
 
 from gptoss_patch.testing import vllm_setup
-from gptoss_patch.testing.moe_case import (COMM_TYPES, FUSED_COMM_TYPES, TOP_K, Weights, cell_layout, hf_mlp,  # noqa: F401
-                                           make_tokens, make_weights, moe_modules, reference, rel_err, routed_out,
-                                           select_moe_comm_type, set_default_torch_dtype)
+from gptoss_patch.testing.moe_case import (COMM_TYPES, FUSED_COMM_TYPES, TOP_K, Weights,  # noqa: F401
+                                           cell_layout, hf_mlp, make_tokens, make_weights, moe_modules, reference,
+                                           rel_err, routed_out, select_moe_comm_type, set_default_torch_dtype)
 from gptoss_patch.testing.tiny import write_checkpoint
 
 H_SMALL, I_SMALL = 64, 96  # small dims
@@ -97,13 +96,13 @@ _names = itertools.count()
 
 
 def fp32_nz_off(dtype):
-    """``VLLM_ASCEND_ENABLE_NZ=0`` while a float32 layer is processed on a release whose MoE NZ decision ignores the
-    dtype (0.12.0rc1: ``is_enable_nz()``; 0.11.x asks ``is_enable_nz(dtype)``, 0.13.0+ ``maybe_trans_nz`` keeps fp32 in
-    ND): such NZ float32 experts are rejected by the grouped matmul whatever their shape. Elsewhere a no-op."""
+    """``VLLM_ASCEND_ENABLE_NZ=0`` while a float32 layer is processed on a release that decides MoE NZ with
+    ``is_enable_nz`` (0.11.x, 0.12.0rc1), which casts float32 experts whenever it casts bf16 ones - by default on
+    0.12.0rc1 - and the grouped matmul rejects float32 NZ weights whatever their shape (0.13.0+'s ``maybe_trans_nz``
+    keeps float32 in ND). Elsewhere a no-op."""
     import vllm_ascend.utils as vu
 
-    if dtype != torch.float32 or not hasattr(vu, "is_enable_nz") or "dtype" in inspect.signature(
-            vu.is_enable_nz).parameters:
+    if dtype != torch.float32 or not hasattr(vu, "is_enable_nz"):
         return contextlib.nullcontext()
     return env_var("VLLM_ASCEND_ENABLE_NZ", "0")
 
@@ -159,7 +158,7 @@ def run_layer(cfg, layer, w, x, *, moe_comm_type=None, with_prefill=True):
     context for ``len(x)`` tokens, with the communication method the release's runner picks (or ``moe_comm_type``).
     The MoE communication methods are process-global in vllm-ascend (set up by the last ``AscendFusedMoE`` built), so
     they are set up for this layer first."""
-    comm = importlib.import_module(type(layer.quant_method).__module__.rpartition(".")[0] + ".moe_comm_method")
+    comm = moe_modules(cell_layout()).comm
     dtype = layer.w13_weight.dtype
     xd = x.to(dtype)
     with vllm_setup.ascend_context(vllm_config=cfg), torch.no_grad():
@@ -407,7 +406,7 @@ def test_float32_nz_experts_on_012_are_rejected_by_the_gmm(configs, mods):
     cfg = configs("fp32")
     w = make_weights(4, H_SMALL, I_SMALL, seed=13)
     x = make_tokens(w, 16, seed=14)
-    casts_fp32 = hasattr(vu, "is_enable_nz") and "dtype" not in inspect.signature(vu.is_enable_nz).parameters
+    casts_fp32 = hasattr(vu, "is_enable_nz") and "dtype" not in inspect.signature(vu.is_enable_nz).parameters  # 0.12
     with env_var("VLLM_ASCEND_ENABLE_NZ", None):
         layer = build_layer(cfg, w, torch.float32, release_nz=True)
     assert torch_npu.get_npu_format(layer.w13_weight) == (29 if casts_fp32 else 2)
@@ -466,11 +465,27 @@ def test_non_gptoss_layer_is_bit_identical_to_upstream(configs, dtype, request):
 # ------------------------------------------------------------------------- communication methods and expert parallel
 
 
-@pytest.mark.parametrize("method", ["ALLGATHER", "NAIVE_MULTICAST"])
+#: Communication types that run on one CPU rank, per layout: AllGather everywhere; NaiveMulticast exists only in
+#: 0.11.x (``MoECommType``; moe_case.COMM_TYPES). MC2 and All2All: see the tests below.
+ONE_RANK_COMM = {"B": ("ALLGATHER", "NAIVE_MULTICAST"), "C": ("ALLGATHER",), "E": ("ALLGATHER",), "F": ("ALLGATHER",)}
+
+#: What the release's runner picks with one rank, for (expert parallel, prefill): 0.11.x
+#: ``NPUModelRunner._select_moe_comm_method`` (no EP or A2 below 16 ranks -> ALLGATHER, which a prefill turns into
+#: NAIVE_MULTICAST); 0.12.0rc1 the same method without NaiveMulticast; 0.13.0+ ``select_moe_comm_method`` (no EP or EP
+#: world size 1 -> ALLGATHER).
+RUNNER_CHOICE = {
+    "B": lambda ep, prefill: "NAIVE_MULTICAST" if prefill else "ALLGATHER",
+    "C": lambda ep, prefill: "ALLGATHER",
+    "E": lambda ep, prefill: "ALLGATHER",
+    "F": lambda ep, prefill: "ALLGATHER",
+}
+
+
+@pytest.mark.parametrize("method", ONE_RANK_COMM.get(cell_layout(), ("ALLGATHER",)))
 @pytest.mark.parametrize("ep", [False, True], ids=["ep_off", "ep_on"])
 def test_communication_methods_that_run_on_one_cpu_rank(configs, method, ep):
-    """AllGather and NaiveMulticast (vllm-ascend 0.11's choices on A2 with and without expert parallel, decode and
-    prefill) carry the activation and biases. With one rank, expert parallel on means ep_size = 1: every expert is
+    """AllGather (and on 0.11.x NaiveMulticast): the runners' choices on A2 with and without expert parallel, decode
+    and prefill, carry the activation and biases. With one rank, expert parallel on means ep_size = 1: every expert is
     local (``expert_map`` is None), as vLLM's ``determine_expert_map`` gives."""
     cfg = configs("fp32_ep" if ep else "fp32")
     w = make_weights(32, H_SMALL, I_SMALL, seed=41)
@@ -484,18 +499,50 @@ def test_communication_methods_that_run_on_one_cpu_rank(configs, method, ep):
 
 @pytest.mark.parametrize("ep", [False, True], ids=["ep_off", "ep_on"])
 @pytest.mark.parametrize("with_prefill", [False, True], ids=["decode", "prefill"])
-def test_runner_selected_method_on_the_simulated_a2(configs, ep, with_prefill):
-    """What NPUModelRunner._select_moe_comm_method picks on the simulated Atlas A2 with one rank, and that it runs."""
+def test_runner_selected_method_on_the_simulated_a2(configs, layout, ep, with_prefill):
+    """What the release's model runner picks on the simulated Atlas A2 with one rank (:data:`RUNNER_CHOICE`), computed
+    by upstream's own selection code (:func:`gptoss_patch.testing.moe_case.select_moe_comm_type`), and that it runs."""
     cfg = configs("fp32_ep" if ep else "fp32")
-    chosen = vllm_setup.select_moe_comm_type(cfg, 8, with_prefill)
-    assert chosen == comm_type("NAIVE_MULTICAST" if with_prefill else "ALLGATHER")
+    with vllm_setup.ascend_context(vllm_config=cfg):
+        chosen = select_moe_comm_type(cfg, 8, with_prefill)
+        assert vllm_setup.select_moe_comm_type(cfg, 8, with_prefill) == chosen  # its restated 0.11 / 0.12 rules agree
+    assert chosen == comm_type(RUNNER_CHOICE[layout](ep, with_prefill))
     w = make_weights(4, H_SMALL, I_SMALL, seed=43)
     x = make_tokens(w, 8, seed=44)
     out = run_layer(cfg, build_layer(cfg, w, torch.float32), w, x, with_prefill=with_prefill)
     assert rel_err(out, reference(w, x)) <= FP32_TOL
 
 
-#: Known simulator gaps on vllm-ascend 0.11's All2All path (message fragment -> explanation).
+def test_fused_kernel_methods_refuse_gptoss(configs, mods, layout):
+    """0.12.0rc1's FusedAlltoAll and 0.13.0+'s FusedMC2 override ``fused_experts`` with a fused dispatch-FFN-combine
+    kernel that has no bias and no swigluoai; their runners pick them only for w8a8_dynamic checkpoints on A3. Forced
+    onto a GPT-OSS layer they raise NotImplementedError (``gptoss_patch.patches.moe.check_comm_method``) instead of
+    running; the inheriting methods pass the same check. 0.11.x has no such method."""
+    from gptoss_patch.patches.moe import MoEExtras, check_comm_method
+
+    cfg = configs("fp32")
+    w = make_weights(4, H_SMALL, I_SMALL, seed=49)
+    x = make_tokens(w, 8, seed=50)
+    layer = build_layer(cfg, w, torch.float32)
+    import vllm_ascend.ascend_forward_context as afc
+
+    with vllm_setup.ascend_context(vllm_config=cfg):
+        mods.comm.setup_moe_comm_method(layer.moe_config)
+        for t in afc.MoECommType:
+            impl = mods.comm.get_moe_comm_method(t)
+            if t.name in FUSED_COMM_TYPES[layout]:
+                with pytest.raises(NotImplementedError, match="fused kernel"):
+                    check_comm_method(impl, MoEExtras("swigluoai"))
+            else:
+                check_comm_method(impl, MoEExtras("swigluoai"))
+            check_comm_method(impl, MoEExtras("silu"))  # non-GPT-OSS layers: upstream's business
+    for name in FUSED_COMM_TYPES[layout]:
+        impl_name = type(mods.comm.get_moe_comm_method(comm_type(name))).__name__
+        with pytest.raises(NotImplementedError, match=impl_name):
+            run_layer(cfg, layer, w, x, moe_comm_type=comm_type(name))
+
+
+#: Known simulator gaps on vllm-ascend's All2All path, 0.11.0 ... 0.14.0rc1 alike (message fragment -> explanation).
 ALL2ALL_SIM_GAPS = {
     "histogram_cpu": "the All2All dispatcher calls torch.histc on int32 expert ids; CPU torch has no integer histc "
                      "(aclnnHistc supports INT32 on A2/A3)",
@@ -533,10 +580,11 @@ def test_mc2_needs_expert_parallel_across_ranks(configs):
         run_layer(cfg, layer, w, x, moe_comm_type=comm_type("MC2"))
 
 
-def test_fused_experts_takes_the_015_keywords_on_every_runnable_method(configs):
+def test_fused_experts_takes_the_015_keywords_on_every_runnable_method(configs, mods, layout):
     """``MoECommMethod.fused_experts(..., activation=, w1_bias=, w2_bias=)`` - vllm-ascend 0.15's signature - on the
-    comm-method objects themselves, bypassing the quant method."""
-    from vllm_ascend.ops.moe.moe_comm_method import get_moe_comm_method, setup_moe_comm_method
+    comm-method objects themselves, bypassing the quant method (the result unwrapped from ``FusedExpertsResult`` on
+    0.13.0+)."""
+    get_moe_comm_method, setup_moe_comm_method = mods.comm.get_moe_comm_method, mods.comm.setup_moe_comm_method
 
     cfg = configs("fp32")
     w = make_weights(32, H_SMALL, I_SMALL, seed=51)
@@ -545,7 +593,7 @@ def test_fused_experts_takes_the_015_keywords_on_every_runnable_method(configs):
     ref = reference(w, x)
     weights, ids = hf_mlp(w).router(x)
     topk_w = weights.gather(1, ids)
-    for name in ("ALLGATHER", "NAIVE_MULTICAST"):
+    for name in ONE_RANK_COMM[layout]:
         for activation in ("swigluoai", MoEActivation.SWIGLUOAI):
             with vllm_setup.ascend_context(vllm_config=cfg), torch.no_grad():
                 setup_moe_comm_method(layer.moe_config)
@@ -554,7 +602,7 @@ def test_fused_experts_takes_the_015_keywords_on_every_runnable_method(configs):
                         hidden_states=x, w1=layer.w13_weight, w2=layer.w2_weight, topk_weights=topk_w,
                         topk_ids=ids.to(torch.int32), activation=activation, w1_bias=layer.w13_bias,
                         w2_bias=layer.w2_bias)
-            assert rel_err(out, ref) <= FP32_TOL
+            assert rel_err(routed_out(out), ref) <= FP32_TOL
 
 
 # ---------------------------------------------------------------------------------------------- tensor parallel bias
@@ -631,8 +679,8 @@ def test_bias_goes_into_the_gmm_in_float32_for_bf16():
     assert gmm_bias(None, torch.bfloat16) is None
 
 
-def test_quantised_mlp_with_gptoss_extras_refuses(configs):
-    import vllm_ascend.ops.moe.moe_mlp as mlp
+def test_quantised_mlp_with_gptoss_extras_refuses(configs, mods):
+    mlp = mods.mlp
 
     from gptoss_patch.patches.moe import MoEExtras, _scope
 

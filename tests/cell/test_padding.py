@@ -6,16 +6,16 @@ processed by the *patched* ``AscendUnquantizedFusedMoEMethod.process_weights_aft
 upstream's transpose and NZ cast) and run through the patched apply path (``gptoss_patch.patches.moe``) and the
 simulator's ``npu_grouped_matmul``, which enforces the NZ rule (``k % 16``, ``n % 16`` for bf16).
 
-NZ modes. vllm-ascend 0.11.0 decides with ``is_enable_nz(dtype)``: ``_ENABLE_NZ = VLLM_ASCEND_ENABLE_NZ`` (and not
-qwen3_next), and for fp16/bf16/fp32 it returns ``_ENABLE_NZ`` only when ``_IS_EAGLE_MODE`` (speculative method
-eagle/eagle3), else False. :func:`nz_switch` sets the variable (mode 0, 1, 2) and that eagle flag - the very globals
-upstream reads - so the wheel's own ``process_weights_after_loading`` casts (or not). What each case reproduces:
+Every apply cell runs this file against its own wheel's NZ decision (``gptoss_patch.kernels.padding.NZ_RULES``,
+checked against the wheel by :func:`test_installed_wheel_nz_rule`):
 
-* mode 0: ND in every release (0.11.0rc0 excepted, which is refused);
-* mode 1 or 2 with the eagle flag: NZ - 0.11.0 / 0.11.0rc3 serving with eagle/eagle3 speculative decoding (rc3: no),
-  and the default behaviour of 0.11.0rc1, rc2 and 0.12.0rc1 (mode 1) and of 0.13.0rc1+ with
-  ``VLLM_ASCEND_ENABLE_NZ=2`` (mode 2) - same cast, same operator check;
-* mode 1 without it: 0.11.0's default (ND, nothing to pad).
+* 0.11.0 decides with ``is_enable_nz(dtype)``: ``_ENABLE_NZ = VLLM_ASCEND_ENABLE_NZ`` (and not qwen3_next), and for
+  fp16/bf16/fp32 it returns ``_ENABLE_NZ`` only when ``_IS_EAGLE_MODE`` (speculative method eagle/eagle3), else False;
+* 0.12.0rc1 with ``is_enable_nz()`` = ``VLLM_ASCEND_ENABLE_NZ`` (default 1), for every dtype: NZ by default;
+* 0.13.0 and 0.14.0rc1 with ``maybe_trans_nz(weight)``: bf16/fp16 only with ``VLLM_ASCEND_ENABLE_NZ=2``, fp32 never.
+
+:func:`nz_switch` sets the variable (mode 0, 1, 2) and, on 0.11.x, that eagle flag - the very globals upstream reads -
+so the wheel's own ``process_weights_after_loading`` casts (or not); the padding must engage exactly where it casts.
 
 Exactness. The padded model computes the same sums plus ``+0`` terms. Whether the *float32 bits* agree depends on the
 accumulation order: the device's cube walks K in 16-wide fractals with zero-filled tails, so K = 360 and K = 368 add
@@ -42,8 +42,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from gptoss_patch.kernels.padding import nz_rule
 from gptoss_patch.testing import vllm_setup
-from gptoss_patch.testing.moe_case import TOP_K, Weights, make_tokens, make_weights, reference, rel_err  # noqa: F401
+from gptoss_patch.testing.moe_case import (TOP_K, Weights, cell_layout, make_tokens, make_weights,  # noqa: F401
+                                           moe_modules, reference, rel_err, select_moe_comm_type,
+                                           set_default_torch_dtype)
 from gptoss_patch.testing.tiny import write_checkpoint
 
 H_120B, I_120B_RANK = 2880, 360  # gpt-oss-120b hidden size; expert intermediate 2880 / TP 8
@@ -95,22 +98,48 @@ def assert_matches_oracle(out, w, x, dtype):
 # --------------------------------------------------------------------------------------------------- building layers
 
 
+@pytest.fixture(scope="session")
+def mods(layout):
+    """The cell's MoE modules (:class:`gptoss_patch.testing.moe_case.MoEModules`)."""
+    return moe_modules(layout)
+
+
+@pytest.fixture(scope="session")
+def rule(cell):
+    """The cell's :class:`gptoss_patch.kernels.padding.NzRule`."""
+    r = nz_rule(cell)
+    assert r is not None, f"no NZ rule recorded for {cell}"
+    return r
+
+
+@pytest.fixture(scope="session")
+def nz_on(rule):
+    """An NZ mode ``(VLLM_ASCEND_ENABLE_NZ, eagle)`` in which the cell's release casts bf16 MoE weights to NZ (the
+    first of (1, no eagle), (1, eagle), (2, no eagle))."""
+    return next(m for m in ((1, False), (1, True), (2, False)) if rule.casts(*m))
+
+
 @contextlib.contextmanager
 def nz_switch(cfg, mode, eagle):
-    """``VLLM_ASCEND_ENABLE_NZ=mode`` and vllm-ascend 0.11.0's eagle flag, as ``is_enable_nz`` reads them (call inside
-    :func:`vllm_setup.ascend_context`; everything is put back afterwards)."""
+    """``VLLM_ASCEND_ENABLE_NZ=mode`` and - on 0.11.x, whose ``is_enable_nz(dtype, vllm_config)`` caches it - the
+    eagle flag, as upstream reads them (call inside :func:`vllm_setup.ascend_context`; everything is put back
+    afterwards). 0.12.0rc1's ``is_enable_nz()`` and 0.13.0+'s ``maybe_trans_nz`` read the variable at each call and
+    have no eagle condition (``eagle`` is then irrelevant)."""
     import vllm_ascend.utils as vu
 
+    cached = hasattr(vu, "_ENABLE_NZ") and hasattr(vu, "_IS_EAGLE_MODE")
     old_env = os.environ.get("VLLM_ASCEND_ENABLE_NZ")
-    old = (vu._ENABLE_NZ, vu._IS_EAGLE_MODE)
+    old = (vu._ENABLE_NZ, vu._IS_EAGLE_MODE) if cached else None
     os.environ["VLLM_ASCEND_ENABLE_NZ"] = str(mode)
     try:
-        vu._ENABLE_NZ = None
-        vu.is_enable_nz(vllm_config=cfg)  # upstream recomputes _ENABLE_NZ from the variable, _IS_EAGLE_MODE from cfg
-        vu._IS_EAGLE_MODE = eagle  # what a speculative config with method "eagle"/"eagle3" sets
+        if cached:
+            vu._ENABLE_NZ = None
+            vu.is_enable_nz(vllm_config=cfg)  # recomputes _ENABLE_NZ from the variable, _IS_EAGLE_MODE from cfg
+            vu._IS_EAGLE_MODE = eagle  # what a speculative config with method "eagle"/"eagle3" sets
         yield
     finally:
-        vu._ENABLE_NZ, vu._IS_EAGLE_MODE = old
+        if cached:
+            vu._ENABLE_NZ, vu._IS_EAGLE_MODE = old
         if old_env is None:
             os.environ.pop("VLLM_ASCEND_ENABLE_NZ", None)
         else:
@@ -190,14 +219,13 @@ def build_layer(cfg, w, dtype, *, nz=None, policy=None, tp_rank=0, tp_size=1, nu
 
 def run_layer(cfg, layer, w, x):
     """Router ``Linear`` (layer dtype) then the MoE layer, in vllm-ascend's forward context for ``len(x)`` tokens."""
-    from vllm_ascend.ops.moe.moe_comm_method import setup_moe_comm_method
-
+    comm = moe_modules(cell_layout()).comm
     dtype = layer.w13_bias.dtype
     xd = x.to(dtype)
     with vllm_setup.ascend_context(vllm_config=cfg), torch.no_grad():
-        setup_moe_comm_method(layer.moe_config)
+        comm.setup_moe_comm_method(layer.moe_config)
         logits = F.linear(xd, w.router_w.to(dtype), w.router_b.to(dtype))
-        with vllm_setup.forward_context(cfg, xd.shape[0]):
+        with vllm_setup.forward_context(cfg, xd.shape[0], moe_comm_type=select_moe_comm_type(cfg, xd.shape[0])):
             return layer(hidden_states=xd, router_logits=logits)
 
 
@@ -215,46 +243,49 @@ def upstream_got_loader_storages(layer, loaded):
 # -------------------------------------------------------------------------------------------------- patch plumbing
 
 
-def test_patch_is_applied_to_the_011_method():
+def test_patch_is_applied_to_the_release_method(mods, layout):
     import gptoss_patch
-    import vllm_ascend.ops.common_fused_moe as cfm
+    from gptoss_patch import matrix
 
     states = {p.name: (p.state, p.target) for p in gptoss_patch.status().patches}
-    assert states["weights.pad_moe_intermediate"] == (
-        "applied", "vllm_ascend.ops.common_fused_moe:AscendUnquantizedFusedMoEMethod.process_weights_after_loading")
-    attr = cfm.AscendUnquantizedFusedMoEMethod.__dict__["process_weights_after_loading"]
+    assert states["weights.pad_moe_intermediate"] == ("applied", matrix.LAYOUTS[layout]["moe_unquant_process_weights"])
+    attr = mods.method_cls.__dict__["process_weights_after_loading"]
     assert getattr(attr, "_self_gptoss_patch_name", None) == "weights.pad_moe_intermediate"
 
 
-@pytest.mark.parametrize("mode, eagle, want", [(0, False, False), (1, False, False), (2, False, False),
-                                               (0, True, False), (1, True, True), (2, True, True)])
-def test_installed_wheel_nz_rule(configs, mode, eagle, want):
-    """vllm-ascend 0.11.0's real ``is_enable_nz(torch.bfloat16)`` under the switch (the rule upstream_targets.md §8
-    states and gptoss_patch.kernels.padding.NZ_RULES records for 0.11.0)."""
+@pytest.mark.parametrize("mode, eagle", [(0, False), (1, False), (2, False), (0, True), (1, True), (2, True)])
+def test_installed_wheel_nz_rule(configs, mods, rule, mode, eagle):
+    """The wheel's own ``process_weights_after_loading`` NZ-casts bf16 experts exactly where
+    ``gptoss_patch.kernels.padding.NZ_RULES`` says for this release (upstream_targets.md §8), float32 experts never
+    except where ``is_enable_nz`` decides (0.11.x, 0.12.0rc1: float32 is cast exactly when bf16 is; 0.13.0+'s
+    ``maybe_trans_nz`` keeps float32 in ND), and :func:`gptoss_patch.patches.weights.upstream_nz_cast` (what the
+    padding decides on) gives the same answers. Aligned layer (I = 96), padding off."""
     import vllm_ascend.utils as vu
 
-    from gptoss_patch.kernels.padding import nz_rule
+    from gptoss_patch.patches.weights import upstream_nz_cast
 
     cfg = configs("bf16")
+    w = make_weights(4, 64, 96, seed=4).rounded(torch.bfloat16)
+    layer, _ = build_layer(cfg, w, torch.bfloat16, nz=(mode, eagle), policy="never")
+    want = rule.casts(mode, eagle)
+    assert (fmt(layer.w13_weight), fmt(layer.w2_weight)) == ((NZ, NZ) if want else (ND, ND))
+    original = mods.method_cls.__dict__["process_weights_after_loading"].__wrapped__
     with vllm_setup.ascend_context(vllm_config=cfg), nz_switch(cfg, mode, eagle):
-        assert bool(vu.is_enable_nz(torch.bfloat16)) is want
-        assert bool(vu.is_enable_nz(torch.int8)) is (mode != 0)  # quantised weights: the variable alone
-    assert nz_rule("0.11.0").casts(mode, eagle) is want
+        assert upstream_nz_cast(original, torch.bfloat16) is want
+        assert upstream_nz_cast(original, torch.float32) is (want and hasattr(vu, "is_enable_nz"))
 
 
 # ---------------------------------------------------------------------------- the failure the patch exists for
 
 
-def test_unpatched_nz_path_fails_like_the_operator(configs, monkeypatch):
-    """Without the padding patch, NZ on (mode 1 + eagle): upstream casts ``w2 (E, 360, 2880)`` to NZ and the grouped
+def test_unpatched_nz_path_fails_like_the_operator(configs, monkeypatch, mods, nz_on):
+    """Without the padding patch, NZ on (the cell's NZ mode): upstream casts ``w2 (E, 360, 2880)`` to NZ and the grouped
     matmul rejects it with the operator's ACLNN_ERR_PARAM_INVALID text - at the first MoE call, not at load."""
-    import vllm_ascend.ops.common_fused_moe as cfm
-
-    cls = cfm.AscendUnquantizedFusedMoEMethod
+    cls = mods.method_cls
     monkeypatch.setattr(cls, "process_weights_after_loading", cls.__dict__["process_weights_after_loading"].__wrapped__)
     cfg = configs("bf16")
     w = make_weights(4, H_120B, I_120B_RANK, seed=1).rounded(torch.bfloat16)
-    layer, _ = build_layer(cfg, w, torch.bfloat16, nz=(1, True))
+    layer, _ = build_layer(cfg, w, torch.bfloat16, nz=nz_on)
     assert tuple(layer.w2_weight.shape) == (4, 360, 2880) and fmt(layer.w2_weight) == NZ and fmt(layer.w13_weight) == NZ
     x = make_tokens(w, 8, seed=2, dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match=r"When weight\(DT_BF16\) format is FRACTAL_NZ, weight'shape\(k\[360\], "
@@ -272,13 +303,14 @@ def w120():
     return w, make_tokens(w, 256, seed=121, dtype=torch.bfloat16, min_gap=0.1)
 
 
-@pytest.mark.parametrize("mode, eagle, padded", [(0, True, False), (1, False, False), (1, True, True),
-                                                 (2, True, True)], ids=["mode0", "mode1-0110default", "mode1-nz",
-                                                                        "mode2-nz"])
-def test_nz_modes_at_120b_rank_dims(configs, w120, mode, eagle, padded):
-    """bf16 at the real per-rank dims. Padded (NZ): ``w13 (E, 2880, 736)``, ``w2 (E, 368, 2880)`` in FRACTAL_NZ, zero
-    pairs / rows, and the MoE output matches transformers. Not padded (ND): upstream receives the very storages the
-    loader filled (nothing copied) and keeps the original shapes."""
+@pytest.mark.parametrize("mode, eagle", [(0, True), (1, False), (1, True), (2, False), (2, True)],
+                         ids=["mode0", "mode1", "mode1-eagle", "mode2", "mode2-eagle"])
+def test_nz_modes_at_120b_rank_dims(configs, w120, rule, mode, eagle):
+    """bf16 at the real per-rank dims, padded exactly where the release NZ-casts (``NZ_RULES``: 0.11.0 mode 1/2 with
+    eagle, 0.12.0rc1 mode 1/2, 0.13.0+ mode 2). Padded (NZ): ``w13 (E, 2880, 736)``, ``w2 (E, 368, 2880)`` in
+    FRACTAL_NZ, zero pairs / rows, and the MoE output matches transformers. Not padded (ND): upstream receives the very
+    storages the loader filled (nothing copied) and keeps the original shapes."""
+    padded = rule.casts(mode, eagle)
     cfg = configs("bf16")
     w, x = w120
     layer, loaded = build_layer(cfg, w, torch.bfloat16, nz=(mode, eagle))
@@ -306,14 +338,15 @@ def test_nz_modes_at_120b_rank_dims(configs, w120, mode, eagle, padded):
 
 
 def test_float32_padding_policy_always(configs):
-    """float32 weights (never NZ in 0.11.0 without eagle, and the grouped matmul takes no fp32 NZ weight at all):
-    ``auto`` leaves them alone, ``GPTOSS_PATCH_MOE_PAD=always`` pads them in ND; both match transformers in float32."""
+    """float32 weights in ND (``VLLM_ASCEND_ENABLE_NZ=0``: 0.12.0rc1 would otherwise NZ-cast them too, and the grouped
+    matmul takes no fp32 NZ weight at all): ``auto`` leaves them alone, ``GPTOSS_PATCH_MOE_PAD=always`` pads them in ND;
+    both match transformers in float32."""
     cfg = configs("fp32")
     w = make_weights(4, H_120B, I_120B_RANK, seed=7)
     x = make_tokens(w, 64, seed=8)
-    plain, loaded = build_layer(cfg, w, torch.float32)
+    plain, loaded = build_layer(cfg, w, torch.float32, nz=(0, False))
     assert upstream_got_loader_storages(plain, loaded) and tuple(plain.w2_weight.shape) == (4, 360, 2880)
-    padded, _ = build_layer(cfg, w, torch.float32, policy="always")
+    padded, _ = build_layer(cfg, w, torch.float32, nz=(0, False), policy="always")
     assert tuple(padded.w2_weight.shape) == (4, PADDED, 2880) and fmt(padded.w2_weight) == ND
     a, b = run_layer(cfg, plain, w, x), run_layer(cfg, padded, w, x)
     assert_matches_oracle(a, w, x, torch.float32)
@@ -322,10 +355,10 @@ def test_float32_padding_policy_always(configs):
     assert (a - b).abs().max().item() <= 1e-5 * a.abs().max().item()
 
 
-def test_policy_never_and_non_gptoss_layers_are_untouched(configs):
+def test_policy_never_and_non_gptoss_layers_are_untouched(configs, nz_on):
     cfg = configs("bf16")
     w = make_weights(4, 64, I_120B_RANK, seed=9).rounded(torch.bfloat16)
-    layer, loaded = build_layer(cfg, w, torch.bfloat16, nz=(1, True), policy="never")
+    layer, loaded = build_layer(cfg, w, torch.bfloat16, nz=nz_on, policy="never")
     assert upstream_got_loader_storages(layer, loaded) and tuple(layer.w2_weight.shape) == (4, 360, 64)
 
 
@@ -347,7 +380,8 @@ def exact_comparisons(ckpt_dir):
     Returns a JSON-ready dict: the BLAS precondition (zero-padding K changes no bit of a float32 product in this
     process) and, at 120b per-rank dims (4 experts, hidden 2880, intermediate 360 -> 368, 256 tokens), whether the
     padded layer's output is bit-identical (``torch.equal``) to the unpadded one: float32 (ND, policy always vs auto)
-    and bf16 with float32 accumulation (NZ modes 1 and 2 with the eagle flag vs ND mode 0).
+    and bf16 with float32 accumulation (modes 1 and 2 with the eagle flag - NZ and padded where the release casts -
+    vs ND mode 0).
     """
     import gptoss_patch
 
@@ -359,8 +393,8 @@ def exact_comparisons(ckpt_dir):
     cfg32 = vllm_setup.engine_config(ckpt_dir, dtype="float32")
     w = make_weights(4, H_120B, I_120B_RANK, seed=77)
     x = make_tokens(w, 256, seed=78)
-    plain, _ = build_layer(cfg32, w, torch.float32)
-    padded, _ = build_layer(cfg32, w, torch.float32, policy="always")
+    plain, _ = build_layer(cfg32, w, torch.float32, nz=(0, False))
+    padded, _ = build_layer(cfg32, w, torch.float32, nz=(0, False), policy="always")
     y0, y1 = run_layer(cfg32, plain, w, x), run_layer(cfg32, padded, w, x)
     out["fp32"] = {"shapes": [list(plain.w2_weight.shape), list(padded.w2_weight.shape)], "equal": torch.equal(y0, y1),
                    "max_abs_diff": (y0 - y1).abs().max().item()}
@@ -379,10 +413,11 @@ def exact_comparisons(ckpt_dir):
     return out
 
 
-def test_padding_is_bit_exact_in_float32(ckpt):
+def test_padding_is_bit_exact_in_float32(ckpt, rule):
     """The acceptance check: with an accumulation order that does not depend on K (MKL_CBWR=COMPATIBLE, the CPU
     stand-in for the cube's in-order K walk), the padded MoE output equals the unpadded one bit for bit - float32
-    weights, and bf16 weights in NZ modes 1 and 2 (float32 accumulation inside the grouped matmul) against ND mode 0."""
+    weights, and bf16 weights in NZ modes 1 and 2 where the release casts (float32 accumulation inside the grouped
+    matmul) against ND mode 0; where it does not cast, the layer stays ND at 360 and equal all the same."""
     env = dict(os.environ, MKL_CBWR="COMPATIBLE", GPTOSS_PATCH_SIMULATE_NPU="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
                VLLM_LOGGING_STREAM="ext://sys.stderr")
     env.pop("GPTOSS_PATCH_MOE_PAD", None)
@@ -396,8 +431,11 @@ def test_padding_is_bit_exact_in_float32(ckpt):
     assert r["fp32"]["equal"], r["fp32"]
     assert r["bf16_mode0_shape"] == [4, 360, 2880]
     for mode in (1, 2):
-        assert r[f"bf16_mode{mode}"]["shape"] == [4, PADDED, 2880] and r[f"bf16_mode{mode}"]["format"] == NZ
+        casts = rule.casts(mode, eagle=True)
+        assert r[f"bf16_mode{mode}"]["shape"] == [4, PADDED if casts else 360, 2880]
+        assert r[f"bf16_mode{mode}"]["format"] == (NZ if casts else ND)
         assert r[f"bf16_mode{mode}"]["equal"], r[f"bf16_mode{mode}"]
+    assert any(rule.casts(mode, eagle=True) for mode in (1, 2))  # the padded NZ path was exercised
 
 
 # --------------------------------------------------------------------------- tensor parallel sizes, expert parallel
@@ -405,16 +443,16 @@ def test_padding_is_bit_exact_in_float32(ckpt):
 
 @pytest.mark.parametrize("tp_size, per_rank, padded_to", [(1, 2880, None), (2, 1440, None), (4, 720, None),
                                                           (8, 360, 368), (16, 180, 192)])
-def test_every_tensor_parallel_size(configs, tp_size, per_rank, padded_to):
-    """gpt-oss's intermediate 2880 split over TP ranks (hidden 64 to keep it small; 4 experts), NZ on (mode 1 +
-    eagle): each rank's layer is padded exactly when ``2880 / TP`` is not a multiple of 16, aligned ranks are not
+def test_every_tensor_parallel_size(configs, nz_on, tp_size, per_rank, padded_to):
+    """gpt-oss's intermediate 2880 split over TP ranks (hidden 64 to keep it small; 4 experts), NZ on (the cell's NZ
+    mode): each rank's layer is padded exactly when ``2880 / TP`` is not a multiple of 16, aligned ranks are not
     copied, every rank runs on NZ weights, and the sum over ranks (the all-reduce) matches transformers."""
     cfg = configs("bf16")
     w = make_weights(4, 64, 2880, seed=30 + tp_size).rounded(torch.bfloat16)
     x = make_tokens(w, 48, seed=31, dtype=torch.bfloat16, min_gap=0.1)
     total = None
     for r in range(tp_size):
-        layer, loaded = build_layer(cfg, w, torch.bfloat16, nz=(1, True), tp_rank=r, tp_size=tp_size)
+        layer, loaded = build_layer(cfg, w, torch.bfloat16, nz=nz_on, tp_rank=r, tp_size=tp_size)
         inter = padded_to or per_rank
         assert tuple(layer.w2_weight.shape) == (4, inter, 64) and fmt(layer.w2_weight) == NZ
         if padded_to is None:
@@ -428,7 +466,7 @@ def test_every_tensor_parallel_size(configs, tp_size, per_rank, padded_to):
 
 
 @pytest.mark.parametrize("inter, padded_to", [(2880, None), (360, 368)])
-def test_expert_parallel(configs, inter, padded_to):
+def test_expert_parallel(configs, nz_on, inter, padded_to):
     """With expert parallelism a rank holds whole experts (vLLM: MoE TP size 1): gpt-oss's 2880 is aligned and not
     copied; a checkpoint whose full intermediate is unaligned (the tiny preset's 360) is padded the same way on every
     EP rank. The layer is built as one EP rank's (4 of 8 experts) under the expert-parallel config, NZ on."""
@@ -436,7 +474,7 @@ def test_expert_parallel(configs, inter, padded_to):
     assert cfg.parallel_config.enable_expert_parallel
     w = make_weights(4, 64, inter, seed=40 + inter).rounded(torch.bfloat16)
     x = make_tokens(w, 32, seed=41, dtype=torch.bfloat16)
-    layer, loaded = build_layer(cfg, w, torch.bfloat16, nz=(1, True))
+    layer, loaded = build_layer(cfg, w, torch.bfloat16, nz=nz_on)
     assert layer.expert_map is None  # one process: ep_size 1 (vLLM), the local experts are all of w's
     assert tuple(layer.w2_weight.shape) == (4, padded_to or inter, 64) and fmt(layer.w2_weight) == NZ
     if padded_to is None:
@@ -447,15 +485,14 @@ def test_expert_parallel(configs, inter, padded_to):
 # ------------------------------------------------------------------------------------- vLLM's own loader, end to end
 
 
-def test_whole_model_through_vllms_loader_with_nz(ckpt, configs):
+def test_whole_model_through_vllms_loader_with_nz(ckpt, configs, mods, nz_on):
     """vLLM's ``GptOssForCausalLM`` loaded by vLLM 0.11.0's loader from the tiny checkpoint (intermediate 360: unaligned
     at TP 1) with NZ on: the loader's ``param.copy_`` of unpadded slices works (padding happens after loading), every
     layer ends padded to 368 in NZ, and every layer's MLP matches transformers' model loaded from the same files."""
     from transformers import GptOssForCausalLM
-    from vllm_ascend.ops.moe.moe_comm_method import setup_moe_comm_method
 
     cfg = configs("bf16")
-    with vllm_setup.ascend_context(vllm_config=cfg), nz_switch(cfg, 1, True):
+    with vllm_setup.ascend_context(vllm_config=cfg), nz_switch(cfg, *nz_on):
         model = vllm_setup.load_model(cfg)
     hf = GptOssForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
     for i, block in enumerate(model.model.layers):
@@ -469,8 +506,8 @@ def test_whole_model_through_vllms_loader_with_nz(ckpt, configs):
                                                             hm.experts.down_proj_bias)))
         x = make_tokens(w, 64, seed=50 + i, dtype=torch.bfloat16, min_gap=0.1)
         with vllm_setup.ascend_context(vllm_config=cfg), torch.no_grad():
-            setup_moe_comm_method(experts.moe_config)
-            with vllm_setup.forward_context(cfg, x.shape[0]):
+            mods.comm.setup_moe_comm_method(experts.moe_config)
+            with vllm_setup.forward_context(cfg, x.shape[0], moe_comm_type=select_moe_comm_type(cfg, x.shape[0])):
                 out = block.mlp(x.to(torch.bfloat16))
         assert_matches_oracle(out, w, x, torch.bfloat16)
 
@@ -478,8 +515,10 @@ def test_whole_model_through_vllms_loader_with_nz(ckpt, configs):
 # ---------------------------------------------------------------------------------------------------- verify --model
 
 
-def test_verify_model_option(tmp_path, capsys, monkeypatch):
-    """``python -m gptoss_patch.verify --model DIR --tensor-parallel-size N`` on a gpt-oss-120b config.json."""
+def test_verify_model_option(tmp_path, capsys, monkeypatch, cell, rule):
+    """``python -m gptoss_patch.verify --model DIR --tensor-parallel-size N`` on a gpt-oss-120b config.json: the padding
+    line states the cell's NZ rule (0.11.0: only with eagle; 0.12.0rc1: yes by default; 0.13.0+: no unless
+    ``VLLM_ASCEND_ENABLE_NZ=2``)."""
     from gptoss_patch import verify
     from gptoss_patch.testing.tiny import config_for
 
@@ -489,10 +528,16 @@ def test_verify_model_option(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # verify --json sets it; restored afterwards
     r = verify.model_report(str(tmp_path), 8)
     assert (r["num_local_experts"], r["moe_intermediate_per_rank"], r["moe_padded_to"]) == (128, 360, 368)
-    assert r["moe_padding"].startswith("only with eagle/eagle3 speculative decoding")
+    default_line = ("yes (vllm-ascend" if rule.casts(1) else
+                    "only with eagle/eagle3 speculative decoding" if rule.casts(1, eagle=True) else
+                    f"no (vllm-ascend {cell} keeps")
+    assert r["moe_padding"].startswith(default_line)
     assert verify.model_report(str(tmp_path), 4)["moe_padded_to"] is None
+    monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "2")
+    assert verify.model_report(str(tmp_path), 16)["moe_padding"].startswith("yes (vllm-ascend" if rule.casts(2) else
+                                                                           "only with eagle")
     monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "0")
-    assert verify.model_report(str(tmp_path), 16)["moe_padding"].startswith("no (vllm-ascend 0.11.0 keeps")
+    assert verify.model_report(str(tmp_path), 16)["moe_padding"].startswith(f"no (vllm-ascend {cell} keeps")
     monkeypatch.setenv("GPTOSS_PATCH_MOE_PAD", "always")
     assert verify.model_report(str(tmp_path), 16)["moe_padding"] == "yes (GPTOSS_PATCH_MOE_PAD=always)"
     monkeypatch.delenv("GPTOSS_PATCH_MOE_PAD")
@@ -503,5 +548,5 @@ def test_verify_model_option(tmp_path, capsys, monkeypatch):
     assert (report["model"]["moe_intermediate_per_rank"], report["model"]["moe_padded_to"]) == (360, 368)
     verify.main(["--model", str(tmp_path), "--tensor-parallel-size", "8", "--no-children"])
     printed = capsys.readouterr().out
-    assert "tensor parallel 8: MoE intermediate per rank 360 -> padded to 368; padding: only with eagle" in printed
+    assert f"tensor parallel 8: MoE intermediate per rank 360 -> padded to 368; padding: {default_line}" in printed
     assert verify.main(["--model", str(tmp_path / "missing"), "--no-children"]) == 1

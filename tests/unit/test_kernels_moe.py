@@ -177,3 +177,65 @@ def test_experts_forward_without_biases_and_shape_checks():
     torch.testing.assert_close(got, want)
     with pytest.raises(ValueError):
         experts_forward(h, w, ids, w13, None, w2[:, :2], None)
+
+
+# ------------------------------------------------------------------------------------------- patch plumbing (no wheels)
+
+
+def test_apply_mlp_wrappers_bind_each_release_signature(monkeypatch):
+    """``_apply_mlp_011`` / ``_apply_mlp_012`` map 0.11.x ``(hidden_states, w1, w1_scale, w2, w2_scale, group_list,
+    ...)`` and 0.12.0rc1+ ``(hidden_states, w1, w2, group_list, w1_scale=None, ...)`` to the same expert MLP call, given
+    positionally as upstream's signature orders them; without GPT-OSS extras upstream runs with the arguments as
+    passed."""
+    import gptoss_patch.kernels.moe as K
+    from gptoss_patch.patches import moe as M
+
+    seen = []
+    monkeypatch.setattr(K, "grouped_expert_mlp", lambda *a, **k: seen.append((a, k)) or "ours")
+    h, w1, w2, gl, b1, b2, ts = (object() for _ in range(7))
+
+    def upstream(*args, **kwargs):
+        return ("upstream", args, kwargs)
+
+    want = ((h, w1, w2, gl), {"group_list_type": 0, "activation": "swigluoai", "w1_bias": b1, "w2_bias": b2,
+                              "topk_scales": ts, "need_trans": False})
+    with M._scope(M.MoEExtras("swigluoai", b1, b2)):
+        assert M._apply_mlp_011(upstream, None, (h, w1, None, w2, None, gl, None, 0), {"topk_scales": ts,
+                                                                                     "need_trans": False}) == "ours"
+        assert seen.pop() == want
+        assert M._apply_mlp_012(upstream, None, (h, w1, w2, gl, None, None, None, 0), {"topk_scales": ts,
+                                                                                     "need_trans": False}) == "ours"
+        assert seen.pop() == want
+        with pytest.raises(NotImplementedError, match="quantised"):
+            M._apply_mlp_012(upstream, None, (h, w1, w2, gl), {"w1_scale": [1], "w2_scale": [1], "with_quant": True})
+    args = (h, w1, w2, gl)
+    assert M._apply_mlp_012(upstream, None, args, {"group_list_type": 1}) == ("upstream", args, {"group_list_type": 1})
+    with pytest.raises(TypeError):  # a keyword the 0.12 signature does not have is an error, as upstream's own
+        with M._scope(M.MoEExtras("swigluoai")):
+            M._apply_mlp_012(upstream, None, args, {"w1_scale_offset": 1})
+    assert not seen
+
+
+def test_check_comm_method_refuses_only_overriding_methods_for_gptoss():
+    """A communication method whose class overrides the base's ``fused_experts`` (0.12.0rc1 FusedAlltoAll, 0.13.0+
+    FusedMC2: fused kernels without bias/activation) is refused for swigluoai or biased calls; inheriting methods and
+    plain silu calls pass."""
+    from gptoss_patch.patches.moe import MoEExtras, check_comm_method
+
+    class MoECommMethod:
+        def fused_experts(self):
+            return "base"
+
+    class AllGatherCommImpl(MoECommMethod):
+        pass
+
+    class FusedMC2CommImpl(MoECommMethod):
+        def fused_experts(self):
+            return "fused kernel"
+
+    for extras in (MoEExtras("swigluoai"), MoEExtras("silu", torch.zeros(1), None)):
+        check_comm_method(AllGatherCommImpl(), extras)
+        check_comm_method(None, extras)
+        with pytest.raises(NotImplementedError, match="FusedMC2CommImpl.*fused kernel.*MoECommMethod.fused_experts"):
+            check_comm_method(FusedMC2CommImpl(), extras)
+    check_comm_method(FusedMC2CommImpl(), MoEExtras("silu"))  # not GPT-OSS: upstream's business

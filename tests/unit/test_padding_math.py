@@ -337,3 +337,60 @@ def test_wrapper_pads_then_calls_upstream(monkeypatch):
     ptr = other.w2_weight.data_ptr()
     assert W._process_weights_after_loading(original, _Method(), (), {"layer": other}) == "upstream result"
     assert seen[-1] == (2, 16, 360) and other.w2_weight.data_ptr() == ptr
+
+
+def _fake_upstream_013(device_type="A2", nz_env=1):
+    """Module globals like vllm-ascend 0.13.0+ ``ops/fused_moe/fused_moe.py``: ``get_ascend_device_type`` /
+    ``AscendDeviceType`` and ``maybe_trans_nz`` (its rule from ``vllm_ascend/utils.py``: env 0 -> as is; fp32 -> as is;
+    bf16/fp16 -> NZ only with env 2; other dtypes -> NZ; "NZ" = a new tensor, here a copy)."""
+    import enum
+
+    class AscendDeviceType(enum.Enum):
+        A2 = 0
+        A3 = 1
+        _310P = 2
+
+    calls = []
+
+    def maybe_trans_nz(weight):
+        calls.append((weight.dtype, tuple(weight.shape)))
+        if not nz_env or weight.dtype == torch.float:
+            return weight
+        if weight.dtype in {torch.bfloat16, torch.float16}:
+            return weight.clone() if nz_env == 2 else weight
+        return weight.clone()
+
+    ns = {"get_ascend_device_type": lambda: AscendDeviceType[device_type], "AscendDeviceType": AscendDeviceType,
+          "maybe_trans_nz": maybe_trans_nz}
+    exec("def process_weights_after_loading(self, layer):\n    pass\n", ns)
+    return ns["process_weights_after_loading"], calls
+
+
+def _fake_upstream_012(device_type="A2", value=1):
+    """Module globals like vllm-ascend 0.12.0rc1 ``ops/fused_moe/fused_moe.py``: ``get_ascend_device_type`` /
+    ``AscendDeviceType`` (no ``is_310p``) and ``is_enable_nz()`` (no arguments: the ``VLLM_ASCEND_ENABLE_NZ`` value)."""
+    up, _ = _fake_upstream_013(device_type)
+    g = up.__globals__
+    del g["maybe_trans_nz"]
+    g["is_enable_nz"] = lambda: value
+    return up
+
+
+def test_decision_with_012_and_013_globals(monkeypatch):
+    """0.12.0rc1 asks ``get_ascend_device_type() != _310P and is_enable_nz()``; 0.13.0+ ``maybe_trans_nz(weight)``,
+    which :func:`upstream_nz_cast` probes with a one-fractal tensor of the weights' dtype (cast = a new tensor)."""
+    monkeypatch.delenv(W.POLICY_ENV, raising=False)
+    bf16 = _Layer(2, 360, 16, dtype=torch.bfloat16)
+    assert W.decide(_Method(), bf16, _fake_upstream_012()).target == 368
+    assert W.decide(_Method(), bf16, _fake_upstream_012(value=0)).target is None
+    assert W.decide(_Method(), bf16, _fake_upstream_012(device_type="_310P")).target is None
+    assert W.upstream_nz_cast(_fake_upstream_012(), torch.float32) is True  # 0.12.0rc1 ignores the dtype
+    for env, want in ((0, None), (1, None), (2, 368)):
+        up, calls = _fake_upstream_013(nz_env=env)
+        assert W.decide(_Method(), bf16, up).target == want
+        assert calls == [(torch.bfloat16, (1, 16, 16))]  # the probe, never the layer's weights
+    assert W.upstream_nz_cast(_fake_upstream_013(nz_env=2)[0], torch.float32) is False
+    assert W.upstream_nz_cast(_fake_upstream_013(nz_env=2)[0], torch.float16) is True
+    assert W.upstream_nz_cast(_fake_upstream_013(nz_env=1)[0], torch.int8) is True
+    assert W.upstream_nz_cast(_fake_upstream_013(device_type="_310P", nz_env=2)[0], torch.bfloat16) is False
+    assert W.decide(_Method(), bf16, _fake_upstream_013(device_type="_310P", nz_env=2)[0]).target is None
