@@ -12,8 +12,8 @@ Why
     ``npu_fused_infer_attention_score`` during capture outside any task group; its ``actual_seq_lengths_kv`` stay
     those of the capture; shown by ``tests/unit/test_sim_graph.py``).
 How
-    *Capture* (:func:`capture_decode`, called by ``sink_window_forward`` when ``forward_context.capturing`` and the
-    current stream is capturing): upstream's protocol - ``ExternalEvent`` wait + reset on the capture stream,
+    *Capture* (:func:`capture_decode`, called by ``attention.sink_window_attend`` when ``forward_context.capturing``
+    and the current stream is capturing): upstream's protocol - ``ExternalEvent`` wait + reset on the capture stream,
     ``graph_task_group_begin``, ONE ``.out`` launch of the fused operator
     (:func:`gptoss_patch.kernels.attention.fused_attention_out`: v2 with ``learnable_sink``, or v1 with
     ``softmax_lse_flag`` whose :func:`~gptoss_patch.kernels.attention.sink_rescale_` follows outside the group),
@@ -21,12 +21,14 @@ How
     ``_npu_fused_infer_attention_score(_v2)_get_max_workspace`` cached per capture size (and geometry). Padded
     decode batches are covered row for row (:func:`~gptoss_patch.kernels.attention.decode_launch_lengths`). A typed
     :class:`GptOssAttnParams` is appended to ``get_graph_params().attn_params[size]`` beside upstream's tuples, with
-    its event and handle at the same positions of ``events[size]`` / ``handles[size]``. Upstream's own paged-attention
-    records of plain layers are tagged with their layer name (:class:`UpstreamAttnParams`, still a 9-tuple) by
-    :func:`run_naming_upstream_records`, which the forward patch wraps around upstream's forward.
+    its event and handle at the same positions of ``events[size]`` / ``handles[size]``. Upstream's own records of
+    plain layers are tagged with their layer name (:class:`UpstreamAttnParams`, still upstream's tuple) by
+    :func:`run_naming_upstream_records`, which the forward patch wraps around upstream's code. The capture is refused
+    (:class:`AclGraphCaptureError`) for a non-DecodeOnly batch, a speculative-decoding draft model, or when the
+    layout's update entry points are not all our wrapper (:func:`update_entry_points`).
 
-    *Update* (``aclgraph.update_attn_params`` wraps ``update_attn_params``; also rebound in
-    ``vllm_ascend.worker.model_runner_v1``, which imported it by value - upstream_targets.md §3.5): without GPT-OSS
+    *Update* (:func:`_update_attn_params` wraps the layout's entry point, and is rebound wherever the release imported
+    it by value - upstream_targets.md §3.5): without GPT-OSS
     records the call goes to upstream unchanged. Otherwise every record is paired with its layer's metadata **by
     layer name** - upstream zips ``forward_context.attn_metadata`` keys with ``attn_params`` by position, which with
     GPT-OSS's alternating layers and our records beside upstream's would pair layers and records wrongly. Upstream's
@@ -36,9 +38,25 @@ How
     An update that cannot be made raises :class:`AclGraphUpdateError` naming the layer and capture size and saying
     how to run PIECEWISE or eager; the event stays unrecorded, so the replay never runs stale lengths silently.
 Upstream releases
-    vllm-ascend 0.11.0rc1 ... 0.11.0 (layout B; ``update_attn_params(update_stream, forward_context, runtime_shape[,
-    kv_transfer_config])``). 0.12.0rc1 - 0.13.0 change the update signature and split PA/FIA updaters; 0.14.0rc1+
-    dispatch to ``AscendAttentionBackendImpl.update_graph_params`` (need their own layout rows).
+    vllm-ascend 0.11.0rc1 ... 0.14.0rc1, one entry point per layout (upstream_targets.md §3.2), all wrapped by the same
+    :func:`_update_attn_params`:
+
+    * B (0.11.x): ``acl_graph.update_attn_params(update_stream, forward_context, runtime_shape[, kv_transfer_config])``
+      (upstream records: ``_npu_paged_attention`` 9-tuples); rebound in ``model_runner_v1``;
+    * C (0.12.0rc1): ``update_attn_params(update_stream, forward_context, runtime_shape)`` (upstream records: the
+      13-tuples of ``full_graph_attention``, FIA ``.out``); rebound in ``model_runner_v1``;
+    * E (0.13.0rc1 ``(..., vllm_config)``, 0.13.0rc2 - 0.13.0 ``(..., vllm_config, draft_attn_metadatas=None)``):
+      dispatches to ``_update_attn_pa_params`` / ``_update_attn_fia_params`` (``full_graph_pa`` 9-tuples or
+      ``full_graph_fia`` 13-tuples); rebound in ``model_runner_v1`` and ``spec_decode.eagle_proposer``;
+    * F (0.14.0rc1): ``update_full_graph_params(attn_backend, ...)`` calls the staticmethod
+      ``AscendAttentionBackendImpl.update_graph_params(update_stream, forward_context, num_tokens, vllm_config,
+      speculative_config=None, num_dcp_pcp_tokens=None)``, which is wrapped (looked up on the class at every call,
+      nothing to rebind). Upstream pairs ``attn_metadata`` keys and records by position; 0.14 also gives GPT-OSS's
+      sliding layers their own KV-cache group (``SlidingWindowSpec``, §5.5), so per-layer metadata differ between
+      groups - pairing by layer name is what keeps each record on its own layer's lengths.
+
+    From 0.12.0rc1 on the forward patch sits on ``forward_impl``, which has no ``layer`` argument: the layer name is
+    found in ``forward_context.no_compile_layers`` (:func:`layer_name_of`).
 Remove when
     the oldest supported vllm-ascend captures sink/window attention itself (commit 8da8e0e6db, PR #9165, first in
     v0.20.2rc1), or gptoss-patch drops FULL_DECODE_ONLY support.

@@ -12,16 +12,23 @@ How
     ``self.sinks`` (it is the model's parameter; the weight loader fills it later, so it must not be
     copied). Layers without sinks get ``self.sinks = None`` and run upstream's code unchanged.
 
-    The forward patch (``attention.sink_window_forward``) routes every layer that has sinks or a
-    sliding window, in every attention state (PrefillNoCache, PrefillCacheHit, DecodeOnly,
-    ChunkedPrefill, SpecDecoding), to :func:`gptoss_patch.kernels.attention.sink_window_attention`:
-    one TND call over the paged KV cache that honours the sinks and the 128-key window, written into
-    the ``output`` buffer vLLM passed in. On 0.11.x the entry is ``forward`` with ``trace_flag``:
-    the traced call (``trace_flag=True``) goes to upstream unchanged, which re-enters ``forward``
-    through its custom op ``unified_ascend_attention_with_output`` with ``trace_flag=False``, where
-    we compute. Layers with neither sinks nor window take upstream's code unchanged.
+    The forward patches route every layer that has sinks or a sliding window, in every attention state
+    (PrefillNoCache, PrefillCacheHit, DecodeOnly, ChunkedPrefill, SpecDecoding), to
+    :func:`gptoss_patch.kernels.attention.sink_window_attention`: one TND call over the paged KV cache that honours
+    the sinks and the 128-key window, written into the ``output`` buffer vLLM passed in. Layers with neither sinks
+    nor window take upstream's code unchanged.
+
+    * 0.11.x (``attention.sink_window_forward``, on ``forward`` with ``trace_flag``): the traced call
+      (``trace_flag=True``) goes to upstream unchanged, which re-enters ``forward`` through its custom op
+      ``unified_ascend_attention_with_output`` with ``trace_flag=False``, where we write the KV cache and compute.
+    * 0.12.0rc1 - 0.14.0rc1 (``attention.sink_window_forward_impl``, on ``forward_impl``): vLLM's own op
+      ``unified_attention_with_output`` calls upstream's ``forward``, which writes the KV cache
+      (``reshape_and_cache``) and calls ``forward_impl``; we compute there (the cache is not written twice; in
+      PrefillNoCache the fresh K/V are already in the cache, so attending over the cache is exact). Upstream's own
+      eager sliding-window decode (``_forward_decode_only`` / ``_forward_fia_slidingwindow``) returns a new tensor
+      instead of writing the buffer vLLM reads (upstream_targets.md §4.1) - never reached for our layers.
 Upstream releases
-    vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (layout rows in :mod:`gptoss_patch.matrix`). 0.15.0rc1
+    vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (layouts B, C, E, F in :mod:`gptoss_patch.matrix`). 0.15.0rc1
     added the parameter natively (``sinks: torch.Tensor = None``); the structural check refuses a
     target that already has it.
 Remove when
@@ -141,10 +148,12 @@ def _forward_impl(wrapped, instance, args, kwargs):
                          "passes the [T, num_heads, head_size] buffer it reads afterwards")
     kv_cache = bound["kv_cache"]
     attn_metadata = bound["attn_metadata"]
-    if attn_metadata is None or kv_cache is None or len(kv_cache) < 2 or instance.key_cache is None:
+    if attn_metadata is None or kv_cache is None or len(kv_cache) < 2:
         out3 = output.view(-1, instance.num_heads, instance.head_size)
         out3.fill_(0)  # no KV cache (profiling): like upstream's attn_metadata-is-None branch
         return output
+    if instance.key_cache is None:  # set by upstream's reshape_and_cache; not called when key/value are None
+        instance.key_cache, instance.value_cache = kv_cache[0], kv_cache[1]
     return sink_window_attend(instance, lambda: aclgraph.layer_name_of(instance), bound["query"], attn_metadata,
                               output)
 
@@ -190,7 +199,7 @@ def sink_window_forward(impl: Any, layer: Any, query: Any, key: Any, value: Any,
 
 def _check_supported(impl: Any, key_cache: Any) -> None:
     import torch
-    from vllm.attention.backends.abstract import AttentionType
+    from vllm_ascend.attention.attention_v1 import AttentionType  # vLLM's, as that module imports it (it moved)
 
     if impl.attn_type != AttentionType.DECODER:
         raise NotImplementedError(f"gptoss-patch attention path supports decoder self-attention only, got "

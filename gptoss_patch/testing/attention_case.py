@@ -5,7 +5,10 @@
 table, the new tokens' q/k/v, and the :class:`AscendMetadata` made by vllm-ascend's own
 ``AscendAttentionMetadataBuilder.build`` from an ``AscendCommonAttentionMetadata``; the attention
 state and mask follow ``NPUModelRunner._build_attn_state`` / ``_make_attention_mask``
-(vllm_ascend/worker/model_runner_v1.py) with vllm-ascend's ``AttentionMaskBuilder``.
+(vllm_ascend/worker/model_runner_v1.py) with vllm-ascend's ``AttentionMaskBuilder``. Every supported layout
+(0.11 B, 0.12.0rc1 C, 0.13.x E, 0.14.0rc1 F) is built with the installed release's own classes; where the model
+runners differ - which fields the common metadata has, who makes the mask (:data:`RUNNER_MASK`), who pads a graph
+decode batch (:data:`DECODE_PADDING`), how vLLM calls the impl (:func:`forward_as_vllm`) - the layout decides.
 
 :func:`reference_output` computes the same batch with Hugging Face transformers' GPT-OSS
 ``eager_attention_forward`` (sinks joined to the softmax) and transformers' own mask functions
@@ -45,8 +48,43 @@ class Case:
         return self.query.shape[0]
 
 
+def installed_layout() -> str:
+    """Module-layout family (``gptoss_patch.matrix.LAYOUTS`` key) of the installed vllm-ascend, from the matrix row
+    gptoss-patch applied to in this process.
+
+    Raises:
+        RuntimeError: gptoss-patch is not applied here (no row / not activated).
+    """
+    import vllm_ascend  # noqa: F401 - its import activates gptoss-patch (the .pth start-up hook)
+
+    import gptoss_patch
+    from gptoss_patch import matrix
+
+    st = gptoss_patch.status()
+    row = next((r for r in matrix.ROWS if r.vllm_ascend == st.row), None)
+    if st.decision != matrix.APPLY or row is None or row.layout is None:
+        raise RuntimeError(f"gptoss-patch is not applied in this process ({st.decision}: {st.reason})")
+    return row.layout
+
+
+#: How ``NPUModelRunner`` hands the attention mask to the metadata builder, per layout:
+#: ``per_state``: 0.11 ``_make_attention_mask(seq_lens, position, attn_state)`` - a state-dependent mask in
+#: ``AscendCommonAttentionMetadata.attn_mask``; ``splitfuse``: 0.12.0rc1 ``_make_attention_mask(attn_state)`` -
+#: ``get_splitfuse_attn_mask()`` (2048x2048 int8 causal template) for every non-MLA state; ``builder``: 0.13+ - the
+#: common metadata has no mask, ``AscendAttentionMetadataBuilder.build`` takes it from its ``AttentionMaskBuilder``.
+RUNNER_MASK = {"B": "per_state", "C": "splitfuse", "E": "builder", "F": "builder"}
+
+#: Who pads a DecodeOnly batch up to the graph size ``num_input_tokens`` in FULL decode mode, per layout:
+#: ``builder``: 0.11 ``AscendAttentionMetadataBuilder.build`` (seq_lens ones, query offsets one entry short);
+#: ``runner_device_only``: 0.12.0rc1 ``NPUModelRunner._prepare_inputs`` pads the request count and the *device*
+#: ``query_start_loc`` only - the host offsets and ``seq_lens`` of the padding requests keep an earlier step's values;
+#: ``runner``: 0.13.x / 0.14.0rc1 ``_prepare_inputs`` pads the host ``query_start_loc`` (``arange``) and ``seq_lens``
+#: (zeros) and the request count.
+DECODE_PADDING = {"B": "builder", "C": "runner_device_only", "E": "runner", "F": "runner"}
+
+
 def attn_state_for(seqs: Sequence[tuple[int, int]], chunked_prefill: bool = True):
-    """vllm-ascend 0.11 ``NPUModelRunner._build_attn_state`` for ``(context, new)`` pairs (no speculative decoding)."""
+    """``NPUModelRunner._build_attn_state`` (0.11 - 0.14, no speculative decoding) for ``(context, new)`` pairs."""
     from vllm_ascend.attention.attention_v1 import AscendAttentionState
 
     if all(c == 0 for c, _ in seqs):
@@ -58,11 +96,16 @@ def attn_state_for(seqs: Sequence[tuple[int, int]], chunked_prefill: bool = True
     return AscendAttentionState.PrefillCacheHit
 
 
-def _mask_for(state, seqs, dtype):
-    """vllm-ascend 0.11 ``NPUModelRunner._make_attention_mask`` with its ``AttentionMaskBuilder``."""
+def runner_mask(state, seqs, dtype, layout: str):
+    """The ``attn_mask`` the model runner of ``layout`` puts into the common metadata (None: the builder makes it)."""
     from vllm_ascend.attention.attention_mask import AttentionMaskBuilder
     from vllm_ascend.attention.attention_v1 import AscendAttentionState
 
+    kind = RUNNER_MASK[layout]
+    if kind == "builder":
+        return None
+    if kind == "splitfuse":
+        return AttentionMaskBuilder(torch.device("cpu")).get_splitfuse_attn_mask()
     builder = AttentionMaskBuilder(max_seq_len=2048, dtype=dtype, device=torch.device("cpu"))
     if state == AscendAttentionState.ChunkedPrefill:
         return builder.get_splitfuse_attn_mask()
@@ -73,37 +116,76 @@ def _mask_for(state, seqs, dtype):
     return None
 
 
+def builder_config(*, max_model_len: int = 4096, dtype: torch.dtype = torch.float32, sliding_window: int = 128):
+    """What ``AscendAttentionMetadataBuilder.__init__`` / ``build`` read from the ``VllmConfig`` (0.11 - 0.14): the
+    model's length, dtype, runner type and (0.13+, for ``swa_mask``) ``hf_text_config.sliding_window`` (GPT-OSS: 128);
+    no speculative decoding; chunked prefill on."""
+    model = types.SimpleNamespace(max_model_len=max_model_len, runner_type="generate", dtype=dtype, use_mla=False,
+                                  hf_text_config=types.SimpleNamespace(sliding_window=sliding_window))
+    return types.SimpleNamespace(model_config=model, speculative_config=None, compilation_config=None,
+                                 scheduler_config=types.SimpleNamespace(enable_chunked_prefill=True),
+                                 kv_transfer_config=None)
+
+
+def make_builder(**config):
+    """vllm-ascend's own ``AscendAttentionMetadataBuilder`` (kv-cache spec None: a decoder layer; see
+    :func:`builder_config` for ``config``)."""
+    from vllm_ascend.attention.attention_v1 import AscendAttentionMetadataBuilder
+
+    return AscendAttentionMetadataBuilder(None, [], builder_config(**config), torch.device("cpu"))
+
+
+def common_metadata(**fields):
+    """vllm-ascend's ``AscendCommonAttentionMetadata`` from the fields the installed release declares.
+
+    The model runners of 0.11 - 0.14 set different field sets (0.12.0rc1 adds ``spec_attn_mask`` ...; 0.13+ inherit
+    vLLM's ``CommonAttentionMetadata`` with ``max_seq_len`` and drop ``attn_mask``); fields the class does not
+    declare are left out, as the runner of that release does not pass them.
+
+    Raises:
+        TypeError: a field the class requires is missing (named by the dataclass).
+    """
+    import dataclasses
+
+    from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
+
+    names = {f.name for f in dataclasses.fields(AscendCommonAttentionMetadata)}
+    return AscendCommonAttentionMetadata(**{k: v for k, v in fields.items() if k in names})
+
+
 def build_case(seqs: Sequence[tuple[int, int]], *, num_heads: int, num_kv_heads: int, head_dim: int = 64,
                block_size: int = 128, dtype: torch.dtype = torch.float32, seed: int = 0, state=None,
-               max_model_len: int = 4096, pad_to: int | None = None) -> Case:
+               max_model_len: int = 4096, pad_to: int | None = None, layout: str | None = None) -> Case:
     """Build a batch of sequences given as ``(context_len, new_len)`` pairs (context already in the cache).
+
+    The metadata is what the real ``AscendAttentionMetadataBuilder.build`` of the installed release makes from the
+    common metadata its ``NPUModelRunner`` would pass (mask: :data:`RUNNER_MASK`; decode padding:
+    :data:`DECODE_PADDING`).
 
     Args:
         seqs: per sequence, tokens already cached and tokens computed now.
         num_heads / num_kv_heads / head_dim: per-rank attention geometry.
-        block_size: KV block size (128 is vllm-ascend 0.11's only supported size).
+        block_size: KV block size (128 is vllm-ascend's supported size from 0.11.0rc2 on).
         dtype: q/k/v and cache dtype.
         seed: generator seed; physical blocks are assigned in shuffled order.
         state: force an :class:`AscendAttentionState` (default: the model runner's rule).
         pad_to: decode graph padding - total input tokens after padding (``num_input_tokens``).
+        layout: module-layout family (default :func:`installed_layout`).
     """
-    from vllm_ascend.attention.attention_v1 import AscendAttentionMetadataBuilder
-    from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
-
+    layout = layout or installed_layout()
     g = torch.Generator().manual_seed(seed)
     n_blocks_each = [-(-(c + n) // block_size) for c, n in seqs]
     total_blocks = sum(n_blocks_each) + 2
     perm = torch.randperm(total_blocks, generator=g)
     max_blocks = max(n_blocks_each)
-    block_table = torch.zeros(len(seqs), max_blocks, dtype=torch.int32)
     k_cache = torch.randn(total_blocks, block_size, num_kv_heads, head_dim, generator=g).to(dtype)  # garbage
     v_cache = torch.randn(total_blocks, block_size, num_kv_heads, head_dim, generator=g).to(dtype)
-    q_parts, k_parts, v_parts, slots, full_k, full_v = [], [], [], [], [], []
+    q_parts, k_parts, v_parts, slots, full_k, full_v, tables = [], [], [], [], [], [], []
     nxt = 0
     for i, (c, n) in enumerate(seqs):
         blocks = perm[nxt:nxt + n_blocks_each[i]]
         nxt += n_blocks_each[i]
-        block_table[i, :len(blocks)] = blocks.to(torch.int32)
+        tables.append(blocks.to(torch.int32))
         kk = torch.randn(c + n, num_kv_heads, head_dim, generator=g).to(dtype)
         vv = torch.randn(c + n, num_kv_heads, head_dim, generator=g).to(dtype)
         full_k.append(kk)
@@ -119,20 +201,41 @@ def build_case(seqs: Sequence[tuple[int, int]], *, num_heads: int, num_kv_heads:
     key = torch.cat(k_parts).reshape(-1, num_kv_heads * head_dim)
     value = torch.cat(v_parts).reshape(-1, num_kv_heads * head_dim)
     q_lens = [n for _, n in seqs]
-    q_start = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
-    seq_lens = torch.tensor([c + n for c, n in seqs], dtype=torch.int32)
+    cu = [0, *torch.tensor(q_lens).cumsum(0).tolist()]
+    kv_lens = [c + n for c, n in seqs]
     state = state if state is not None else attn_state_for(seqs)
     num_actual = int(sum(q_lens))
-    common = AscendCommonAttentionMetadata(
+    num_reqs = len(seqs)
+    padding = DECODE_PADDING[layout] if pad_to and pad_to > num_actual else None
+    if padding in ("runner", "runner_device_only"):
+        from vllm_ascend.attention.attention_v1 import AscendAttentionState
+
+        if state != AscendAttentionState.DecodeOnly or max(q_lens) != 1:
+            raise ValueError("pad_to pads a DecodeOnly batch (one new token per sequence)")
+        pad = pad_to - num_reqs
+        if padding == "runner":  # host offsets continue with arange, padding requests have length 0
+            cu += list(range(num_actual + 1, pad_to + 1))
+            kv_lens += [0] * pad
+        else:  # an earlier (mixed) step's host values stay in the padding entries (0.12.0rc1; see DECODE_PADDING)
+            stale = torch.randint(1, 300, (pad,), generator=g).tolist()
+            cu += [cu[-1] + 40 + int(x) for x in torch.tensor(stale).cumsum(0).tolist()]
+            kv_lens += torch.randint(1, max_blocks * block_size + 1, (pad,), generator=g).tolist()
+        tables += [torch.randint(0, total_blocks, (max_blocks,), generator=g).to(torch.int32) for _ in range(pad)]
+        num_reqs = pad_to
+    block_table = torch.zeros(num_reqs, max_blocks, dtype=torch.int32)
+    for i, t in enumerate(tables):
+        block_table[i, :len(t)] = t
+    q_start = torch.tensor(cu, dtype=torch.int32)
+    seq_lens = torch.tensor(kv_lens, dtype=torch.int32)
+    computed = torch.tensor([c for c, _ in seqs] + [0] * (num_reqs - len(seqs)), dtype=torch.int32)
+    common = common_metadata(
         query_start_loc=q_start.clone(), query_start_loc_cpu=q_start, seq_lens_cpu=seq_lens, seq_lens=seq_lens.clone(),
-        num_computed_tokens_cpu=torch.tensor([c for c, _ in seqs], dtype=torch.int32), num_reqs=len(seqs),
-        num_actual_tokens=num_actual, max_query_len=max(q_lens), decode_token_per_req=1,
-        block_table_tensor=block_table, slot_mapping=torch.tensor(slots, dtype=torch.int32),
-        actual_seq_lengths_q=q_start[1:].tolist(), positions=None, attn_mask=_mask_for(state, seqs, dtype),
-        attn_state=state, num_input_tokens=pad_to or num_actual)
-    config = types.SimpleNamespace(model_config=types.SimpleNamespace(max_model_len=max_model_len),
-                                   speculative_config=None)
-    builder = AscendAttentionMetadataBuilder(None, [], config, torch.device("cpu"))
+        num_computed_tokens_cpu=computed, num_reqs=num_reqs, num_actual_tokens=num_actual, max_query_len=max(q_lens),
+        max_seq_len=max(kv_lens), decode_token_per_req=1, block_table_tensor=block_table,
+        slot_mapping=torch.tensor(slots, dtype=torch.int32), actual_seq_lengths_q=q_start[1:].tolist(),
+        positions=None, attn_mask=runner_mask(state, seqs, dtype, layout), attn_state=state,
+        num_input_tokens=pad_to or num_actual)
+    builder = make_builder(max_model_len=max_model_len, dtype=dtype)
     metadata = builder.build(0, common)
     if pad_to and pad_to > num_actual:
         pad = pad_to - num_actual
@@ -141,6 +244,31 @@ def build_case(seqs: Sequence[tuple[int, int]], *, num_heads: int, num_kv_heads:
         value = torch.cat([value, torch.zeros(pad, value.shape[1], dtype=dtype)])
     return Case(list(seqs), num_heads, num_kv_heads, head_dim, query, key, value, k_cache, v_cache, metadata,
                 state, full_k, full_v)
+
+
+def calls_forward_with_trace_flag(layout: str) -> bool:
+    """True when vLLM reaches ``impl.forward`` of ``layout`` through vllm-ascend 0.11's own custom op
+    (``unified_ascend_attention_with_output`` -> ``forward(..., trace_flag=False)``); from 0.12.0rc1 on vLLM's
+    ``unified_attention_with_output`` calls ``forward(..., output=, output_scale=, output_block_scale=)``
+    (upstream_targets.md §2). Read from the matrix: the layout patches the 0.11 ``forward``."""
+    from gptoss_patch import matrix
+
+    return "attention_impl_forward_011" in matrix.LAYOUTS[layout]
+
+
+def forward_as_vllm(impl, layer, query, key, value, kv_cache, metadata, output, *, layout: str, forward=None):
+    """Call ``impl.forward`` (or ``forward(impl, ...)``) the way vLLM's attention op of ``layout`` does.
+
+    0.11: ``query`` ``[T, N*D]``, ``trace_flag=False`` (the custom op's call). 0.12+: ``query``/``key``/``value``/
+    ``output`` viewed ``[T, heads, head_size]`` as ``vllm.attention.layer.unified_attention_with_output`` passes them,
+    ``output_scale=None``, ``output_block_scale=None``. Returns whatever ``forward`` returns.
+    """
+    fwd = forward or type(impl).forward
+    if calls_forward_with_trace_flag(layout):
+        return fwd(impl, layer, query, key, value, kv_cache, metadata, output=output, trace_flag=False)
+    n, kvn, d = impl.num_heads, impl.num_kv_heads, impl.head_size
+    return fwd(impl, layer, query.view(-1, n, d), key.view(-1, kvn, d), value.view(-1, kvn, d), kv_cache, metadata,
+               output=output.view(-1, n, d), output_scale=None, output_block_scale=None)
 
 
 def reference_output(case: Case, *, sinks: torch.Tensor, sliding_window: int | None, scale: float) -> torch.Tensor:

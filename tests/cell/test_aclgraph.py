@@ -1,12 +1,17 @@
-"""Issue 6 in a real cell: GPT-OSS attention under vllm-ascend 0.11's ACL graphs (PIECEWISE and FULL_DECODE_ONLY).
+"""Issue 6 in a real cell: GPT-OSS attention under vllm-ascend's ACL graphs (PIECEWISE and FULL_DECODE_ONLY), in
+every layout (0.11.0 B, 0.12.0rc1 C, 0.13.0 E, 0.14.0rc1 F).
 
-What runs for real: vLLM's ``Attention`` layers (vllm-ascend 0.11's patched ``Attention.forward`` ->
-``torch.ops.vllm.unified_ascend_attention_with_output`` -> ``AscendAttentionBackendImpl.forward``),
-``AscendAttentionMetadataBuilder.build`` / ``build_for_graph_capture`` (including its decode padding),
-``acl_graph.ACLGraphWrapper`` (capture and replay), ``set_graph_params`` / ``get_graph_params``, upstream's
-``update_attn_params`` for its paged-attention records, ``set_forward_context``; the torch_npu operators and NPU
-graphs are the simulator's. Ours in the loop (the role of ``NPUModelRunner``): persistent input buffers, one KV-cache
-group per layer, the step order ``replay -> update_attn_params`` of ``_generate_process_reqs_hidden_states``.
+What runs for real: vLLM's ``Attention`` layers (0.11: vllm-ascend's patched ``Attention.forward`` ->
+``torch.ops.vllm.unified_ascend_attention_with_output`` -> ``AscendAttentionBackendImpl.forward``; 0.12.0rc1+:
+vLLM's ``unified_attention_with_output`` -> ``forward`` -> ``forward_impl``),
+``AscendAttentionMetadataBuilder.build`` / ``build_for_graph_capture``, ``acl_graph.ACLGraphWrapper`` (capture and
+replay), ``set_graph_params`` / ``get_graph_params``, upstream's graph-parameter update for its own records (0.11
+paged attention; 0.12.0rc1 ``full_graph_attention`` and 0.13+ ``full_graph_fia`` FIA records) through each release's
+entry point (``update_attn_params`` with 3 / 4 arguments; 0.14.0rc1 ``update_full_graph_params`` ->
+``AscendAttentionBackendImpl.update_graph_params``), ``set_forward_context``; the torch_npu operators and NPU graphs
+are the simulator's. Ours in the loop (the role of ``NPUModelRunner``): persistent input buffers, one KV-cache group
+per layer, the decode padding of each release's runner (``attention_case.DECODE_PADDING``), the step order
+``replay -> update`` of ``_generate_process_reqs_hidden_states`` / ``_model_forward``.
 
 Oracles: the same model run eagerly (``CUDAGraphMode.NONE``) on its own KV caches - equal exactly in float32 when
 both use the same operator path - and transformers' GPT-OSS ``eager_attention_forward`` for the attention rows.
@@ -28,6 +33,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gptoss_patch.kernels import attention as kernels
+from gptoss_patch.testing import attention_case
 from gptoss_patch.testing.attention_case import build_case
 from gptoss_patch.testing.npu_sim import graph as G
 
@@ -45,6 +51,45 @@ SCALE = D ** -0.5
 
 def _layer_name(i: int) -> str:
     return f"model.layers.{i}.self_attn.attn"
+
+
+def runner_update(layout, update_stream, fc, size, cfg):
+    """The model runner's graph-parameter update after a FULL replay, per layout (upstream_targets.md §3.2):
+    ``NPUModelRunner._generate_process_reqs_hidden_states`` (0.11 - 0.13) / ``_model_forward`` (0.14.0rc1)."""
+    from vllm_ascend.compilation import acl_graph
+
+    if layout == "B":  # 0.11.0: (..., runtime_shape, kv_transfer_config)
+        return acl_graph.update_attn_params(update_stream, fc, size, cfg.kv_transfer_config)
+    if layout == "C":
+        return acl_graph.update_attn_params(update_stream, fc, size)
+    if layout == "E":
+        return acl_graph.update_attn_params(update_stream, fc, size, cfg)
+    from vllm_ascend.attention.attention_v1 import AscendAttentionBackend
+
+    return acl_graph.update_full_graph_params(AscendAttentionBackend, update_stream, fc, size, cfg,
+                                              cfg.speculative_config)
+
+
+def attention_op(layout):
+    """``(splitting-op name in compilation_config.splitting_ops, the op)``: vllm-ascend 0.11's own
+    ``unified_ascend_attention_with_output``; from 0.12.0rc1 vLLM's ``unified_attention_with_output``."""
+    import vllm.attention.layer  # noqa: F401 - registers vLLM's op
+    import vllm_ascend.attention.attention_v1  # noqa: F401 - registers 0.11's op
+
+    if attention_case.calls_forward_with_trace_flag(layout):
+        return "vllm.unified_ascend_attention_with_output", torch.ops.vllm.unified_ascend_attention_with_output
+    return "vllm::unified_attention_with_output", torch.ops.vllm.unified_attention_with_output
+
+
+def batch_descriptor(size):
+    """vLLM's ``BatchDescriptor`` of a uniform decode batch (field ``uniform_decode`` in 0.11, ``uniform`` later)."""
+    import inspect
+
+    from vllm.forward_context import BatchDescriptor
+
+    names = inspect.signature(BatchDescriptor).parameters
+    return BatchDescriptor(num_tokens=size, **({"uniform_decode": True} if "uniform_decode" in names
+                                               else {"uniform": True}))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -95,7 +140,7 @@ class Toy:
     """
 
     def __init__(self, cfg, kinds, weights, sinks, caches):
-        from vllm.attention import Attention
+        from vllm.attention.layer import Attention
         from vllm.config import set_current_vllm_config
 
         self.kinds, self.weights, self.queries = kinds, weights, []
@@ -167,7 +212,6 @@ class Harness:
     def __init__(self, kinds, *, seed=0, init_lens=(1, 60, 120, 127, 128, 200, 250, 255), offsets=None,
                  sizes=SIZES):
         from vllm.config import CUDAGraphMode
-        from vllm_ascend.attention.attention_v1 import AscendAttentionMetadataBuilder
         from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
 
         gen = torch.Generator().manual_seed(seed)
@@ -182,34 +226,48 @@ class Harness:
         self.eager_model = Toy(self.cfg_e, kinds, weights, self.sinks, [(g.kc_e, g.vc_e) for g in self.groups])
         self.x = torch.zeros(MAX_REQS, H)
         self.qsl = torch.zeros(MAX_REQS + 1, dtype=torch.int32)
-        cfg = type("C", (), {"model_config": type("M", (), {"max_model_len": MAX_BLOCKS * BLOCK}),
-                             "speculative_config": None})
-        self.builder = AscendAttentionMetadataBuilder(None, [], cfg, torch.device("cpu"))
+        self.layout = attention_case.installed_layout()
+        self.builder = attention_case.make_builder(max_model_len=MAX_BLOCKS * BLOCK)
         self.wrapper = ACLGraphWrapper(self.graph_model, self.cfg_g, runtime_mode=CUDAGraphMode.FULL)
         self.update_stream = torch.npu.Stream()
         self.num_reqs = len(init_lens)
 
     # -- metadata ------------------------------------------------------------------------------------------------
-    def _common(self, g, num_reqs, num_actual, num_tokens):
+    def _common(self, g, b, num_tokens):
+        """The common metadata of a decode step of ``b`` requests run at graph size ``num_tokens``, padded the way
+        this release pads (``attention_case.DECODE_PADDING``): 0.11's builder pads itself; 0.12.0rc1's runner pads
+        the request count and only the device copy of the offsets (the host offsets, ``seq_lens`` and block-table
+        rows of the padding requests are whatever an earlier step left in the persistent buffers); 0.13+ pad the
+        host offsets with ``arange`` and ``seq_lens`` with zeros."""
         from vllm_ascend.attention.attention_v1 import AscendAttentionState
-        from vllm_ascend.attention.utils import AscendCommonAttentionMetadata
 
-        self.qsl[:num_reqs + 1] = torch.arange(num_reqs + 1, dtype=torch.int32)
+        self.qsl[:b + 1] = torch.arange(b + 1, dtype=torch.int32)
+        num_reqs = b
+        padding = attention_case.DECODE_PADDING[self.layout]
+        if num_tokens > b and padding != "builder":
+            if padding == "runner":
+                self.qsl[b + 1:num_tokens + 1] = torch.arange(b + 1, num_tokens + 1, dtype=torch.int32)
+                g.seq_lens_cpu[b:] = 0
+            num_reqs = num_tokens
         q_cpu = self.qsl[:num_reqs + 1]
-        return AscendCommonAttentionMetadata(
+        state = AscendAttentionState.DecodeOnly
+        return attention_case.common_metadata(
             query_start_loc=q_cpu.clone(), query_start_loc_cpu=q_cpu, seq_lens_cpu=g.seq_lens_cpu,
             seq_lens=g.seq_lens_cpu[:num_reqs], num_computed_tokens_cpu=g.seq_lens_cpu[:num_reqs] - 1,
-            num_reqs=num_reqs, num_actual_tokens=num_actual, max_query_len=1, decode_token_per_req=1,
-            block_table_tensor=g.bt[:num_reqs], slot_mapping=g.slots, actual_seq_lengths_q=q_cpu[1:].tolist(),
-            positions=None, attn_mask=None, attn_state=AscendAttentionState.DecodeOnly, num_input_tokens=num_tokens)
+            num_reqs=num_reqs, num_actual_tokens=b, max_query_len=1, max_seq_len=int(g.seq_lens_cpu.max()),
+            decode_token_per_req=1, block_table_tensor=g.bt[:num_reqs], slot_mapping=g.slots,
+            actual_seq_lengths_q=q_cpu[1:].tolist(), positions=None,
+            attn_mask=attention_case.runner_mask(state, [], torch.float32, self.layout), attn_state=state,
+            num_input_tokens=num_tokens)
 
     def dummy_metadata(self, size):
         """``NPUModelRunner._build_dummy_attn_metadata``: ``size`` requests of length 1, ``build_for_graph_capture``."""
         meta = {}
         for i, g in enumerate(self.groups):
             g.seq_lens_cpu[:size] = 1
+            g.seq_lens_cpu[size:] = 0
             g.slots[:size] = -1  # the runner's slot buffer holds 0s here; see the module docstring
-            meta[_layer_name(i)] = self.builder.build_for_graph_capture(self._common(g, size, size, size))
+            meta[_layer_name(i)] = self.builder.build_for_graph_capture(self._common(g, size, size))
         return meta
 
     def step_metadata(self, active, size):
@@ -217,19 +275,19 @@ class Harness:
         for i, g in enumerate(self.groups):
             g.schedule(active)
             g.slots[len(active):size] = -1
-            meta[_layer_name(i)] = self.builder.build(0, self._common(g, len(active), len(active), size))
+            meta[_layer_name(i)] = self.builder.build(0, self._common(g, len(active), size))
         return meta
 
     # -- forward contexts ----------------------------------------------------------------------------------------
     @contextlib.contextmanager
     def context(self, cfg, meta, mode, size):
         """``set_forward_context`` plus what ``set_ascend_forward_context`` does for graphs: ``capturing = False``."""
-        from vllm.forward_context import BatchDescriptor, get_forward_context, set_forward_context
+        from vllm.forward_context import get_forward_context, set_forward_context
 
-        with set_forward_context(meta, cfg, cudagraph_runtime_mode=mode,
-                                 batch_descriptor=BatchDescriptor(num_tokens=size, uniform_decode=True)):
+        with set_forward_context(meta, cfg, cudagraph_runtime_mode=mode, batch_descriptor=batch_descriptor(size)):
             fc = get_forward_context()
             fc.capturing = False
+            fc.is_draft_model = False  # set_ascend_forward_context (0.13+ read it in attention and the graph wrapper)
             yield fc
 
     def capture(self):
@@ -253,7 +311,6 @@ class Harness:
         Returns ``(b, size, graph outputs, eager outputs, metadata)``.
         """
         from vllm.config import CUDAGraphMode
-        from vllm_ascend.compilation import acl_graph
 
         b = len(active)
         size = min(s for s in self.sizes if s >= b)
@@ -264,12 +321,16 @@ class Harness:
             with self.context(self.cfg_g, meta, CUDAGraphMode.FULL, size) as fc:
                 outs_g = self.wrapper(self.x[:size])  # replay: queued at the first captured ExternalEvent.wait
                 pending = self.wrapper.concrete_aclgraph_entries[fc.batch_descriptor].aclgraph.sim_pending
-                (update or acl_graph.update_attn_params)(self.update_stream, fc, size, None)
+                (update or self.update)(fc, size)
             if check:
                 assert pending, "the replay should wait for the parameter update"
             with self.context(self.cfg_e, meta, CUDAGraphMode.NONE, size):
                 outs_e = self.eager_model(self.x[:size])
         return b, size, outs_g, outs_e, meta
+
+    def update(self, fc, size):
+        """The runner's update call of this release (:func:`runner_update`)."""
+        return runner_update(self.layout, self.update_stream, fc, size, self.cfg_g)
 
     def keys_values(self, layer, r):
         g = self.groups[layer]
@@ -319,21 +380,33 @@ def _active(step, b, num_reqs):
 # kernels: the .out variant and the padded decode lengths
 
 
-def test_decode_launch_lengths_cover_vllm_ascend_0_11_padding():
-    # the real builder: 3 decodes padded to 8 -> query_start_loc gets arange(4, 8): one entry short of the padding
+def test_decode_launch_lengths_cover_each_releases_padding(layout):
+    """3 decodes padded to 8 by the real builder / the runner's padding of this release: one launch of 8 rows, the
+    real sequences' lengths kept, the padding rows KV length 0 - whatever the release left in the padding entries."""
     case = build_case([(129, 1), (300, 1), (5, 1)], num_heads=N, num_kv_heads=KVN, seed=1, pad_to=8)
     meta = case.metadata
-    assert meta.actual_seq_lengths_q == [1, 2, 3, 4, 5, 6, 7]         # 7 entries, last 7 != T = 8
-    assert meta.seq_lens_list == [130, 301, 6, 1, 1, 1, 1, 1]        # padded with ones
+    padding = attention_case.DECODE_PADDING[layout]
+    if padding == "builder":  # 0.11: query offsets arange(4, 8) - one entry short of the padding; seq_lens ones
+        assert meta.actual_seq_lengths_q == [1, 2, 3, 4, 5, 6, 7]
+        assert meta.seq_lens_list == [130, 301, 6, 1, 1, 1, 1, 1]
+    elif padding == "runner":  # 0.13+: host offsets arange, seq_lens zeros
+        assert meta.actual_seq_lengths_q == [1, 2, 3, 4, 5, 6, 7, 8]
+        assert meta.seq_lens_list == [130, 301, 6, 0, 0, 0, 0, 0]
+    else:  # 0.12.0rc1: 8 requests, the host entries of the padding ones stale (here: an earlier mixed step's)
+        assert meta.actual_seq_lengths_q[:3] == [1, 2, 3] and len(meta.actual_seq_lengths_q) == 8
+        assert meta.actual_seq_lengths_q[3:] != [4, 5, 6, 7, 8] and min(meta.seq_lens_list[3:]) > 0
+    assert meta.num_actual_tokens == 3
     q, kv = kernels.decode_launch_lengths(meta.actual_seq_lengths_q, meta.seq_lens_list, meta.num_actual_tokens, 8)
     assert q == [1, 2, 3, 4, 5, 6, 7, 8] and kv == [130, 301, 6, 0, 0, 0, 0, 0]
-    # pad 1: the builder adds no entry at all
+    # pad 1 (0.11: the builder adds no offset at all)
     case = build_case([(7, 1), (9, 1), (5, 1)], num_heads=N, num_kv_heads=KVN, seed=1, pad_to=4)
-    assert case.metadata.actual_seq_lengths_q == [1, 2, 3]
-    q, kv = kernels.decode_launch_lengths(case.metadata.actual_seq_lengths_q, case.metadata.seq_lens_list, 3, 4)
+    meta = case.metadata
+    q, kv = kernels.decode_launch_lengths(meta.actual_seq_lengths_q, meta.seq_lens_list, 3, 4)
     assert q == [1, 2, 3, 4] and kv == [8, 10, 6, 0]
     with pytest.raises(ValueError, match="exceed"):
         kernels.decode_launch_lengths([1, 2], [5, 5], 2, 1)
+    with pytest.raises(ValueError, match="do not reach"):
+        kernels.decode_launch_lengths([1, 2], [5, 5], 3, 4)
 
 
 @pytest.mark.parametrize("path", ["v2", "lse"])
@@ -370,33 +443,53 @@ def test_out_variant_equals_eager_kernel_on_padded_batch(path, window):
     assert (out[:3] - real).abs().max().item() <= 1e-6
 
 
-def test_graph_path_on_this_torch_npu():
-    """torch_npu 2.7.1 (vllm-ascend 0.11's pin) is on op-plugin 7.2.0: v2 runs eagerly, but a captured v2 cannot be
-    updated (npu_ops.md §3.2), so captured sink layers use v1 .out + LSE unless v2 is forced."""
+#: Operator path of a captured sink layer by default, per cell: the torch_npu each vllm-ascend release pins (matrix
+#: ``Row.torch_npu``: 2.7.1 / 2.8.0 are on op-plugin 7.2.0, whose captured v2 cannot be updated - npu_ops.md §3.2;
+#: 2.9.0 is on 7.3.0, which can).
+DEFAULT_GRAPH_PATH = {"0.11.0": "lse", "0.12.0rc1": "lse", "0.13.0": "lse", "0.14.0rc1": "v2"}
+
+
+@pytest.fixture()
+def pinned_torch_npu(cell, monkeypatch):
+    """The simulated ``torch_npu`` reporting the version this cell's vllm-ascend pins (``matrix.Row.torch_npu``)."""
     import torch_npu as tn
 
-    assert not kernels.v2_graph_update_supported(tn)
+    from gptoss_patch import matrix
+
+    row = next(r for r in matrix.ROWS if r.vllm_ascend == cell)
+    monkeypatch.setattr(tn, "__version__", f"{row.torch_npu}+gptoss.sim")
+    return row.torch_npu
+
+
+def test_graph_path_for_the_cells_torch_npu(cell, pinned_torch_npu):
+    """Eagerly a sink layer always runs v2 (learnable_sink); captured, it runs v2 only where the pinned torch_npu can
+    update a captured v2 (>= 2.9.0: vllm-ascend 0.14.0rc1), else v1 .out + LSE - unless v2 is forced."""
+    import torch_npu as tn
+
+    expected = DEFAULT_GRAPH_PATH[cell]
+    assert kernels.v2_graph_update_supported(tn) == (expected == "v2")
     with operator_path(None):
         assert kernels.chosen_path() == "v2"
-        assert kernels.graph_path(True) == "lse"
-        assert kernels.graph_path(False) == "lse"
+        assert kernels.graph_path(True) == expected
+        assert kernels.graph_path(False) == "lse"  # no sinks: nothing to pass as learnable_sink
     with operator_path("v2"):
         assert kernels.graph_path(True) == "v2"
-    fake = type("T", (), {"__version__": "2.9.0"})
-    assert kernels.v2_graph_update_supported(fake)
+    with operator_path("lse"):
+        assert kernels.graph_path(True) == "lse"
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # PIECEWISE
 
 
-def test_piecewise_config_splits_at_unified_ascend_attention(tmp_path):
-    """vllm-ascend 0.11's NPUPlatform.check_and_update_config puts its attention op in splitting_ops for PIECEWISE
-    (so attention runs between captured pieces) and leaves it out for FULL_DECODE_ONLY."""
+def test_piecewise_config_splits_at_the_attention_op(tmp_path, layout):
+    """NPUPlatform.check_and_update_config puts the attention op (0.11: vllm-ascend's own; 0.12.0rc1+: vLLM's, via
+    ``set_splitting_ops_for_v1``) in splitting_ops for PIECEWISE (so attention runs between captured pieces) and
+    clears the list for FULL_DECODE_ONLY."""
     from gptoss_patch.testing import tiny, vllm_setup
 
     tiny.config_for("tiny").save_pretrained(tmp_path)
-    op = "vllm.unified_ascend_attention_with_output"
+    op, _ = attention_op(layout)
     pw = vllm_setup.engine_config(tmp_path, enforce_eager=False,
                                   compilation_config={"level": 3, "cudagraph_mode": "PIECEWISE"})
     assert pw.compilation_config.cudagraph_mode.name == "PIECEWISE"
@@ -420,14 +513,15 @@ class _OpLog(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_piecewise_pieces_replay_around_eager_attention(graph_env):
-    """Pieces split at ``unified_ascend_attention_with_output`` (as vLLM's split graph does): each piece is an
+def test_piecewise_pieces_replay_around_eager_attention(graph_env, layout):
+    """Pieces split at the attention op (:func:`attention_op`, as vLLM's split graph does): each piece is an
     ACLGraphWrapper(PIECEWISE) graph that allocates the attention output buffer; the splitting op runs eagerly and
     writes into it; the next piece reads it. 30 decode steps across the window and a block boundary == eager."""
     from vllm.config import CUDAGraphMode
     from vllm_ascend.compilation.acl_graph import ACLGraphWrapper
 
     kinds = ["sliding", "full", "plain"]
+    _, split_op = attention_op(layout)
     hz = Harness(kinds, init_lens=(110, 126, 127, 250), offsets=[0, 5, 9], sizes=(4,))
     wts = hz.graph_model.weights
 
@@ -453,7 +547,7 @@ def test_piecewise_pieces_replay_around_eager_attention(graph_env):
             if i == len(kinds):
                 return res[0], attn_outs
             h, q, k, v, out = res
-            torch.ops.vllm.unified_ascend_attention_with_output(q, k, v, out, _layer_name(i))  # the splitting op
+            split_op(q, k, v, out, _layer_name(i))  # the splitting op
             attn_outs.append(out)
             a = out
 
@@ -476,7 +570,7 @@ def test_piecewise_pieces_replay_around_eager_attention(graph_env):
                                                                                  contextlib.nullcontext()):
                 h_g, attn_g = forward(hz.x[:size])
             if step == 0:
-                assert log.names.count("vllm.unified_ascend_attention_with_output.default") == len(kinds)
+                assert log.names.count(str(split_op.default)) == len(kinds)
             if bufs is None:
                 bufs = [a.data_ptr() for a in attn_g]
             assert [a.data_ptr() for a in attn_g] == bufs  # written in place: the pieces' own buffers
@@ -522,6 +616,11 @@ def test_sink_window_attention_is_capture_safe(graph_env):
 
 MIXED = ["sliding", "full", "plain", "sliding", "full", "window", "plain"]
 
+#: Length of the tuple upstream records for a plain layer in a FULL_DECODE_ONLY capture (upstream_targets.md §3.2):
+#: 0.11 ``_forward_decode_only`` paged attention (9); 0.12.0rc1 ``full_graph_attention`` and 0.13+ ``full_graph_fia``
+#: FIA (13; 0.13+ take ``full_graph_pa``, 9, only for a size in ``additional_config.pa_shape_list``, not set here).
+UPSTREAM_RECORD_LEN = {"B": 9, "C": 13, "E": 13, "F": 13}
+
 
 def _check_records(ag, hz):
     from gptoss_patch.patches.aclgraph import GptOssAttnParams, UpstreamAttnParams
@@ -539,7 +638,7 @@ def _check_records(ag, hz):
                 assert r.sliding_window == (None if k == "full" else WINDOW)
                 assert (r.sinks is None) == (k == "window") and r.block_table.shape[0] == size
             else:
-                assert len(r) == 9  # still upstream's tuple
+                assert len(r) == UPSTREAM_RECORD_LEN[hz.layout]  # still upstream's tuple
     return gp
 
 
@@ -580,13 +679,14 @@ def test_full_decode_only_200_steps_equal_eager(graph_env, path):
         assert all(r.updates > 0 for r in ours)
 
 
-def test_full_decode_only_default_path_within_rounding(graph_env):
-    """Default selection on torch_npu 2.7.1: eager v2, captured v1 .out + LSE rescale - same attention up to
-    float32 rounding, and equal to transformers."""
+def test_full_decode_only_default_path_within_rounding(graph_env, cell, pinned_torch_npu):
+    """Default selection on the cell's pinned torch_npu: eager v2; captured v1 .out + LSE rescale (2.7.1 / 2.8.0) -
+    the same attention up to float32 rounding - or v2 .out (2.9.0)."""
     with operator_path(None):
         hz = Harness(["sliding", "full", "plain"])
         hz.capture()
-        assert {r.path for r in graph_env.get_graph_params().attn_params[2] if hasattr(r, "path")} == {"lse"}
+        paths = {r.path for r in graph_env.get_graph_params().attn_params[2] if hasattr(r, "path")}
+        assert paths == {DEFAULT_GRAPH_PATH[cell]}
         for step, b in enumerate(_batch_sizes(16)):
             b, size, outs_g, outs_e, _ = hz.step(_active(step, b, hz.num_reqs))
             for og, oe in zip(outs_g, outs_e):
@@ -630,7 +730,7 @@ def test_update_issues_no_tensor_work_and_reuses_captured_buffers(graph_env):
         with torch.inference_mode(), hz.context(hz.cfg_g, meta, CUDAGraphMode.FULL, 2) as fc:
             log = _OpLog()
             with log:
-                ag.update_attn_params(hz.update_stream, fc, 2, None)
+                hz.update(fc, 2)
             assert log.names == []
             hz.wrapper(hz.x[:2])  # replay after the update (op-plugin doc order): nothing waits
             assert not hz.wrapper.concrete_aclgraph_entries[fc.batch_descriptor].aclgraph.sim_pending
@@ -650,7 +750,7 @@ def test_forced_update_failures_name_layer_and_size(graph_env, monkeypatch):
     del meta[_layer_name(2)]
     with torch.inference_mode(), hz.context(hz.cfg_g, meta, CUDAGraphMode.FULL, 4) as fc:
         with pytest.raises(AclGraphUpdateError) as err:
-            ag.update_attn_params(hz.update_stream, fc, 4, None)
+            hz.update(fc, 4)
     msg = str(err.value)
     assert err.value.layer_name == _layer_name(2) and err.value.capture_size == 4
     assert _layer_name(2) in msg and "capture size 4" in msg
@@ -661,8 +761,8 @@ def test_forced_update_failures_name_layer_and_size(graph_env, monkeypatch):
     meta = hz.step_metadata([0, 1, 2], 4)
     real = torch_npu.npu_fused_infer_attention_score.out
 
-    def refuse(*args, **kwargs):
-        if G._update is not None:
+    def refuse(*args, **kwargs):  # ours only (upstream's FIA records of 0.12+ never pass pre_tokens)
+        if G._update is not None and "pre_tokens" in kwargs:
             raise RuntimeError("aclmdlRICaptureTaskUpdateBegin failed (simulated)")
         return real(*args, **kwargs)
 
@@ -670,7 +770,7 @@ def test_forced_update_failures_name_layer_and_size(graph_env, monkeypatch):
     with torch.inference_mode(), hz.context(hz.cfg_g, meta, CUDAGraphMode.FULL, 4) as fc:
         with pytest.raises(AclGraphUpdateError, match=r"model\.layers\.0\.self_attn\.attn.*capture size 4.*"
                                                       r"aclmdlRICaptureTaskUpdateBegin failed.*PIECEWISE"):
-            ag.update_attn_params(hz.update_stream, fc, 4, None)
+            hz.update(fc, 4)
 
     # a sequence outgrowing the captured block table
     G._reset_state()
@@ -679,7 +779,7 @@ def test_forced_update_failures_name_layer_and_size(graph_env, monkeypatch):
     meta[_layer_name(0)].seq_lens_list[0] = MAX_BLOCKS * BLOCK + 1
     with torch.inference_mode(), hz.context(hz.cfg_g, meta, CUDAGraphMode.FULL, 4) as fc:
         with pytest.raises(AclGraphUpdateError, match="exceeds the captured block table"):
-            ag.update_attn_params(hz.update_stream, fc, 4, None)
+            hz.update(fc, 4)
 
 
 def test_capture_of_non_decode_batch_is_refused(graph_env):
@@ -703,9 +803,22 @@ def test_capture_of_non_decode_batch_is_refused(graph_env):
 # the patch as activated: status, and the by-value name in the model runner
 
 
+#: Where each release's update must be our wrapper (upstream_targets.md §3.2, §3.5): the update function and every
+#: module that imported it by value - 0.14.0rc1 dispatches through the impl class's staticmethod instead.
+_AG = "vllm_ascend.compilation.acl_graph:update_attn_params"
+_MR = "vllm_ascend.worker.model_runner_v1.update_attn_params"
+EXPECTED_UPDATE_PLACES = {
+    "B": {_AG, _MR},
+    "C": {_AG, _MR},
+    "E": {_AG, _MR, "vllm_ascend.spec_decode.eagle_proposer.update_attn_params"},
+    "F": {"vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.update_graph_params"},
+}
+
+
 @pytest.fixture(scope="module")
 def runner_child():
-    """A fresh interpreter (activation through the installed .pth only) that imports the real model runner."""
+    """A fresh interpreter (activation through the installed .pth only) that imports the real model runner (and
+    the EAGLE proposer, which 0.13 binds the update into too)."""
     import json
 
     from conftest import run_python
@@ -716,16 +829,34 @@ def runner_child():
         numba.jit = numba.njit = lambda *a, **k: (a[0] if a and callable(a[0]) else (lambda f: f))
         numba.prange, numba.get_num_threads, numba.set_num_threads = range, (lambda: 1), (lambda n: None)
         sys.modules["numba"] = numba
+        # model_runner_v1 imports vllm-ascend's worker patch package, whose vision-model patches need torchvision in
+        # 0.12.0rc1 / 0.13.0 (absent beside the cell's CPU torch): import the package as vllm_setup does, skipping
+        # only those statements
+        from gptoss_patch.testing import vllm_setup
+        vllm_setup._adapt_worker_patches()
         import vllm_ascend.worker.model_runner_v1 as mr
-        import vllm_ascend.compilation.acl_graph as ag
+        import vllm_ascend.spec_decode.eagle_proposer
         import gptoss_patch
-        from gptoss_patch.patches.aclgraph import is_patched
-        out = {"state": {p.name: p.state for p in gptoss_patch.status().patches},
-               "ag_patched": is_patched(ag.update_attn_params), "runner_is_ag": mr.update_attn_params is
-               ag.update_attn_params}
+        from gptoss_patch.patches.aclgraph import is_patched, update_entry_points
+        from gptoss_patch.testing.attention_case import installed_layout
+
+        def runner_calls():
+            # what NPUModelRunner calls after a FULL replay: its module global update_attn_params (0.11 - 0.13), or
+            # update_full_graph_params -> attn_backend.get_impl_cls().update_graph_params (0.14.0rc1)
+            if hasattr(mr, "update_full_graph_params"):
+                from vllm.config import VllmConfig, set_current_vllm_config
+                from vllm_ascend.attention.attention_v1 import AscendAttentionBackend
+                with set_current_vllm_config(VllmConfig()):  # get_impl_cls reads the parallel config
+                    return AscendAttentionBackend.get_impl_cls().__dict__["update_graph_params"]
+            return mr.update_attn_params
+
+        layout = installed_layout()
+        out = {"layout": layout, "state": {p.name: p.state for p in gptoss_patch.status().patches},
+               "places": {w: is_patched(o) for w, o in update_entry_points(layout)},
+               "runner_calls_patched": is_patched(runner_calls())}
         gptoss_patch.deactivate()
-        out["after_deactivate"] = {"ag_patched": is_patched(ag.update_attn_params),
-                                   "runner_patched": is_patched(mr.update_attn_params)}
+        out["after_deactivate"] = {"places": {w: is_patched(o) for w, o in update_entry_points(layout)},
+                                   "runner_calls_patched": is_patched(runner_calls())}
         print("RESULT " + json.dumps(out))
     """)
     res = run_python(code)
@@ -734,15 +865,22 @@ def runner_child():
     return json.loads(line[len("RESULT "):])
 
 
-def test_update_patch_applied_and_bound_in_model_runner(runner_child):
-    """The model runner calls ``update_attn_params`` through its own module global (upstream_targets.md §3.5):
-    in a real start-up it is our wrapper there too."""
-    assert runner_child["state"]["aclgraph.update_attn_params"] == "applied", runner_child
-    assert runner_child["ag_patched"] and runner_child["runner_is_ag"]
-    assert not runner_child["after_deactivate"]["ag_patched"]
+def test_update_patch_applied_and_bound_in_model_runner(runner_child, layout):
+    """The model runner calls the update through its own module global (0.11 - 0.13; also the 0.13 EAGLE proposer,
+    upstream_targets.md §3.5) or through the impl's staticmethod (0.14.0rc1): in a real start-up it is our wrapper
+    everywhere the release calls it."""
+    from gptoss_patch import matrix
+
+    assert runner_child["layout"] == layout
+    names = [n for n in matrix.LAYOUT_PATCHES[layout] if n.startswith("aclgraph.")]
+    assert len(names) == 1 and runner_child["state"][names[0]] == "applied", runner_child
+    assert set(runner_child["places"]) == EXPECTED_UPDATE_PLACES[layout]
+    assert all(runner_child["places"].values()), runner_child["places"]
+    assert runner_child["runner_calls_patched"]
 
 
 def test_deactivate_restores_model_runner_binding(runner_child):
     # model_runner_v1 binds update_attn_params by value *after* the patch applied (it imports acl_graph first):
-    # Registry._rebind records such a binding too, so remove_all() restores it.
-    assert not runner_child["after_deactivate"]["runner_patched"]
+    # Registry._rebind records such a binding too, so remove_all() restores it (0.14: the class attribute).
+    after = runner_child["after_deactivate"]
+    assert not any(after["places"].values()) and not after["runner_calls_patched"], after

@@ -1,5 +1,9 @@
 """Issue 3 in a real cell: the patched vllm-ascend attention (sinks + 128-key sliding window) against
-transformers' GPT-OSS eager attention, in every attention state, on both operator paths."""
+transformers' GPT-OSS eager attention, in every attention state, on both operator paths.
+
+Every release is entered the way vLLM enters it (``attention_case.forward_as_vllm``): 0.11 through vllm-ascend's
+``forward(..., trace_flag=False)``; 0.12.0rc1+ through ``forward(..., output=...)``, which writes the KV cache itself
+and calls the patched ``forward_impl`` - vLLM then reads the ``output`` buffer, so that is what is checked."""
 
 import contextlib
 
@@ -9,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gptoss_patch.kernels import attention as kernels
-from gptoss_patch.testing.attention_case import build_case, reference_output
+from gptoss_patch.testing.attention_case import build_case, forward_as_vllm, installed_layout, reference_output
 
 WINDOW = 128
 
@@ -17,12 +21,21 @@ WINDOW = 128
 operator_path = kernels.forced_path
 
 
-def make_impl(num_heads, num_kv_heads, window, sinks, head_dim=64):
-    import vllm_ascend.attention.attention_v1 as aa
+_CONFIG = []
 
+
+def make_impl(num_heads, num_kv_heads, window, sinks, head_dim=64):
+    """``AscendAttentionBackendImpl`` as vLLM's ``Attention.__init__`` builds it (inside ``set_current_vllm_config``,
+    which 0.13+ read in ``__init__``; ``sinks=`` keyword as GPT-OSS passes it)."""
+    import vllm_ascend.attention.attention_v1 as aa
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    if not _CONFIG:
+        _CONFIG.append(VllmConfig())
     kwargs = {} if sinks is None else {"sinks": sinks}
-    return aa.AscendAttentionBackendImpl(num_heads, head_dim, head_dim ** -0.5, num_kv_heads, None, window, "auto",
-                                         None, "decoder", None, **kwargs)
+    with set_current_vllm_config(_CONFIG[0]):
+        return aa.AscendAttentionBackendImpl(num_heads, head_dim, head_dim ** -0.5, num_kv_heads, None, window,
+                                             "auto", None, "decoder", None, **kwargs)
 
 
 class _Layer:
@@ -45,12 +58,12 @@ def eager_forward_context(metadata):
 
 
 def run_forward(impl, case, output=None, forward=None):
+    """``impl.forward`` as vLLM calls it in this cell; returns ``(output buffer [T, N, D], return value)``."""
     out = output if output is not None else torch.full((case.num_tokens, impl.num_heads, impl.head_size),
                                                        float("nan"), dtype=case.query.dtype)
-    fwd = forward or type(impl).forward
     with eager_forward_context(case.metadata):
-        ret = fwd(impl, _Layer(), case.query, case.key, case.value, (case.key_cache, case.value_cache),
-                  case.metadata, output=out, trace_flag=False)
+        ret = forward_as_vllm(impl, _Layer(), case.query, case.key, case.value, (case.key_cache, case.value_cache),
+                              case.metadata, out, layout=installed_layout(), forward=forward)
     return out, ret
 
 
@@ -84,8 +97,8 @@ def test_patched_forward_matches_transformers_float32(state, window, heads, path
         impl = make_impl(n, kvn, window, sinks)
         out, ret = run_forward(impl, case)
     ref = reference_output(case, sinks=sinks, sliding_window=window, scale=impl.scale)
-    assert ret.data_ptr() == out.data_ptr()  # the result lands in vLLM's buffer
-    err = (out - ref).abs().max().item()
+    assert ret.data_ptr() == out.data_ptr()  # the result lands in vLLM's buffer (what vLLM >= 0.12 reads)
+    err = (out[:case.num_tokens] - ref).abs().max().item()
     assert err <= 1e-5, f"max abs error {err}"
 
 
@@ -137,13 +150,92 @@ def test_layer_without_sinks_or_window_is_bit_identical_to_upstream(state):
     impl = make_impl(8, 1, None, None)
     assert impl.sinks is None
     patched, _ = run_forward(impl, case)
-    import vllm_ascend.attention.attention_v1 as aa
-
-    upstream_forward = aa.AscendAttentionBackendImpl.forward.__wrapped__
     case2 = build_case(spec["seqs"], num_heads=8, num_kv_heads=1, dtype=torch.bfloat16, seed=11, state=st_)
     impl2 = make_impl(8, 1, None, None)
-    out2, _ = run_forward(impl2, case2, forward=upstream_forward)
+    with upstream_only(impl2):
+        out2, _ = run_forward(impl2, case2)
     assert torch.equal(patched, out2)
+    assert not torch.isnan(patched[:case.num_tokens]).any()
+
+
+@contextlib.contextmanager
+def upstream_only(impl):
+    """Run ``impl`` with vllm-ascend's original ``forward`` / ``forward_impl`` (whichever this layout patches)."""
+    import vllm_ascend.attention.attention_v1 as aa
+
+    cls = aa.AscendAttentionBackendImpl
+    saved = {}
+    for name in ("forward", "forward_impl"):
+        fn = cls.__dict__.get(name)
+        original = getattr(fn, "__wrapped__", None)
+        if original is not None:
+            saved[name] = original
+            setattr(impl, name, original.__get__(impl, cls))
+    assert saved, "no attention method of this layout is patched"
+    try:
+        yield
+    finally:
+        for name in saved:
+            delattr(impl, name)
+
+
+def test_new_tokens_written_to_the_cache_exactly_once():
+    """The new K/V reach the paged cache once per forward: 0.11 - written by the patched ``forward``; 0.12.0rc1+ -
+    by upstream's ``forward`` (``reshape_and_cache``) before ``forward_impl``, which the patch does not repeat. The
+    cache then holds each new token at its slot, and the attention over it matches transformers."""
+    import torch_npu
+
+    seqs = [(130, 1), (5, 1), (127, 1)]
+    case = build_case(seqs, num_heads=8, num_kv_heads=1, seed=21)
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(4))
+    impl = make_impl(8, 1, WINDOW, sinks)
+    calls = []
+    real = torch_npu._npu_reshape_and_cache
+
+    def counting(*a, **k):
+        calls.append(k.get("slot_indices", a[4] if len(a) > 4 else None))
+        return real(*a, **k)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch_npu, "_npu_reshape_and_cache", counting)
+        out, _ = run_forward(impl, case)
+    assert len(calls) == 1
+    ref = reference_output(case, sinks=sinks, sliding_window=WINDOW, scale=impl.scale)
+    assert (out - ref).abs().max().item() <= 1e-5
+    kv = case.key.view(-1, 1, 64)
+    slots = case.metadata.slot_mapping.tolist()
+    for i, slot in enumerate(slots):
+        assert torch.equal(case.key_cache[slot // 128, slot % 128], kv[i])
+
+
+@pytest.mark.parametrize("path", ["v2", "lse"])
+@pytest.mark.parametrize("seqs", [[(600, 1), (300, 1), (129, 1), (1000, 1)], [(520, 40), (700, 3), (0, 50), (300, 1)]],
+                         ids=["DecodeOnly", "ChunkedPrefill"])
+def test_sliding_layer_never_reads_blocks_that_left_the_window(seqs, path):
+    """From vLLM 0.14 (vllm-ascend 0.14.0rc1 ``get_kv_cache_spec`` asks the layer, upstream_targets.md §5.5) a sliding
+    layer's KV cache is its own group (``SlidingWindowSpec``) whose ``SlidingWindowManager`` hands blocks that fell
+    out of the window back to the pool and points their block-table entries at the shared null block
+    (vllm/v1/core/single_type_kv_cache_manager.py ``remove_skipped_blocks``). Here every block whose keys are all
+    outside the window of the sequence's first new token points at one block full of other data: the result is
+    unchanged (transformers on the original keys)."""
+    case = build_case(seqs, num_heads=8, num_kv_heads=1, seed=17)
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(9))
+    bt = case.metadata.block_tables
+    used = set(bt.flatten().tolist())
+    null = next(b for b in range(case.key_cache.shape[0]) if b not in used)
+    case.key_cache[null] = 50 * torch.randn(case.key_cache.shape[1:], generator=torch.Generator().manual_seed(1))
+    case.value_cache[null] = 50 * torch.randn(case.value_cache.shape[1:], generator=torch.Generator().manual_seed(2))
+    freed = 0
+    for i, (c, _) in enumerate(seqs):
+        n_free = max(0, c - (WINDOW - 1)) // 128  # blocks whose every key sits at a position <= c - WINDOW
+        bt[i, :n_free] = null
+        freed += n_free
+    assert freed >= 8
+    with operator_path(path):
+        impl = make_impl(8, 1, WINDOW, sinks)
+        out, _ = run_forward(impl, case)
+    ref = reference_output(case, sinks=sinks, sliding_window=WINDOW, scale=impl.scale)
+    assert (out[:case.num_tokens] - ref).abs().max().item() <= 1e-5
 
 
 _lengths = st.lists(st.tuples(st.integers(0, 400), st.integers(1, 140)), min_size=1, max_size=5)
