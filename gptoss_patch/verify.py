@@ -26,31 +26,37 @@ import subprocess
 import sys
 from typing import Any
 
-#: Modules whose import triggers every patch target of a release (the attention module for now).
+#: The module whose import activates gptoss-patch (through the .pth hook); then every module holding a patch target
+#: of the decided row is imported too (:func:`import_patch_targets`), as a worker does while building the model -
+#: from 0.12.0rc1 on the attention module no longer imports the MoE modules.
 _PROBE_MODULES = ("vllm_ascend.attention.attention_v1",)
 
 _CHILD_CODE = (
     "import json, importlib, gptoss_patch\n"
-    "err = None\n"
-    "try:\n"
-    "    for m in {mods!r}: importlib.import_module(m)\n"
-    "except Exception as e:\n"
-    "    err = '%s: %s' % (type(e).__name__, e)\n"
+    "from gptoss_patch.verify import import_patch_targets\n"
+    "err = import_patch_targets()\n"
     "d = gptoss_patch.status().as_dict(); d['import_error'] = err\n"
     "print('GPTOSS_STATUS ' + json.dumps(d))\n"
 )
 
 
-def _import_targets() -> str | None:
-    """Import the probe modules so the post-import hooks fire; returns an error text or None."""
+def import_patch_targets() -> str | None:
+    """Import vllm-ascend's attention module (activation), then every module holding a target of the decided row,
+    so every post-import hook fires; returns an error text or None (never raises)."""
     import importlib
+
+    import gptoss_patch
 
     try:
         for m in _PROBE_MODULES:
             importlib.import_module(m)
+        for p in gptoss_patch.status().patches:
+            importlib.import_module(p.target.partition(":")[0])
     except Exception as exc:  # noqa: BLE001 - reported to the user
         return f"{type(exc).__name__}: {exc}"
     return None
+
+
 
 
 def child_interpreter_status(env: dict | None = None, timeout: float = 300.0) -> dict[str, Any]:
@@ -60,7 +66,7 @@ def child_interpreter_status(env: dict | None = None, timeout: float = 300.0) ->
     environment). Keys as :meth:`gptoss_patch.registry.Status.as_dict` plus ``import_error``;
     on a crash, ``{"error": ...}``.
     """
-    code = _CHILD_CODE.format(mods=_PROBE_MODULES)
+    code = _CHILD_CODE
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=timeout)
     for line in proc.stdout.splitlines():
         if line.startswith("GPTOSS_STATUS "):
@@ -73,12 +79,7 @@ def _spawn_target(queue: Any) -> None:
 
     import gptoss_patch
 
-    err = None
-    try:
-        for m in _PROBE_MODULES:
-            importlib.import_module(m)
-    except Exception as exc:  # noqa: BLE001
-        err = f"{type(exc).__name__}: {exc}"
+    err = import_patch_targets()
     d = gptoss_patch.status().as_dict()
     d["import_error"] = err
     queue.put(d)
@@ -129,7 +130,7 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
     status = gptoss_patch.activate(source="verify")
     import_error = None
     if status.decision == "apply":
-        import_error = _import_targets()
+        import_error = import_patch_targets()
         if import_error:
             report["problems"].append(f"importing vllm-ascend failed: {import_error}")
         status = gptoss_patch.status()

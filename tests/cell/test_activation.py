@@ -18,10 +18,14 @@ from gptoss_patch.patches import all_specs
 IMPL_ARGS = "8, 64, 0.125, 1, None, 128, 'auto', None, 'decoder', None"
 
 CHILD = f"""
-import json, torch, gptoss_patch
+import importlib, json, torch, gptoss_patch
+from vllm.config import VllmConfig, set_current_vllm_config
 import vllm_ascend.attention.attention_v1 as aa
 sinks = torch.nn.Parameter(torch.randn(8, dtype=torch.bfloat16), requires_grad=False)
-impl = aa.AscendAttentionBackendImpl({IMPL_ARGS}, sinks=sinks)
+with set_current_vllm_config(VllmConfig()):  # vllm-ascend 0.14's impl reads it
+    impl = aa.AscendAttentionBackendImpl({IMPL_ARGS}, sinks=sinks)
+for p in gptoss_patch.status().patches:  # what a worker imports while building the model
+    importlib.import_module(p.target.split(":")[0])
 s = gptoss_patch.status()
 print("RESULT " + json.dumps({{"status": s.as_dict(), "kept": getattr(impl, "sinks", "MISSING") is sinks,
                               "has_attr": hasattr(impl, "sinks")}}))
@@ -111,6 +115,8 @@ import json, gptoss_patch, wrapt
 {first}
 import vllm_ascend.attention.attention_v1 as aa
 {then}
+from gptoss_patch.verify import import_patch_targets
+assert import_patch_targets() is None  # the MoE / graph modules too (0.12+: not imported by attention_v1)
 init = aa.AscendAttentionBackendImpl.__dict__["__init__"]
 layers = 0
 while isinstance(init, wrapt.FunctionWrapper):
@@ -138,13 +144,19 @@ def test_vllm_loads_our_general_plugin_and_it_wraps_once():
 
 
 def _child_builds_impl(queue):
+    import importlib
+
     import torch
+    from vllm.config import VllmConfig, set_current_vllm_config
 
     import gptoss_patch
     import vllm_ascend.attention.attention_v1 as aa
 
     sinks = torch.randn(8)
-    impl = aa.AscendAttentionBackendImpl(8, 64, 0.125, 1, None, 128, "auto", None, "decoder", None, sinks=sinks)
+    with set_current_vllm_config(VllmConfig()):
+        impl = aa.AscendAttentionBackendImpl(8, 64, 0.125, 1, None, 128, "auto", None, "decoder", None, sinks=sinks)
+    for p in gptoss_patch.status().patches:
+        importlib.import_module(p.target.split(":")[0])
     queue.put({"kept": getattr(impl, "sinks", None) is sinks, "decision": gptoss_patch.status().decision,
                "states": [p.state for p in gptoss_patch.status().patches]})
 
@@ -166,15 +178,17 @@ def test_multiprocessing_children_are_patched(method):
 
 def test_layer_without_sinks_gets_none_and_bad_sinks_are_rejected_naming_the_layer():
     import vllm_ascend.attention.attention_v1 as aa
+    from vllm.config import VllmConfig, set_current_vllm_config
 
-    impl = aa.AscendAttentionBackendImpl(8, 64, 0.125, 1, None, None, "auto", None, "decoder", None)
-    assert impl.sinks is None
-    with pytest.raises(ValueError, match=r"num_heads=8.*sliding_window=128.*shape \[8\].*got \[16\]"):
-        aa.AscendAttentionBackendImpl(8, 64, 0.125, 1, None, 128, "auto", None, "decoder", None,
-                                      sinks=torch.zeros(16))
-    with pytest.raises(TypeError, match="floating point"):
-        aa.AscendAttentionBackendImpl(8, 64, 0.125, 1, None, 128, "auto", None, "decoder", None,
-                                      sinks=torch.zeros(8, dtype=torch.int32))
+    with set_current_vllm_config(VllmConfig()):  # vllm-ascend 0.14's impl reads it
+        impl = aa.AscendAttentionBackendImpl(8, 64, 0.125, 1, None, None, "auto", None, "decoder", None)
+        assert impl.sinks is None
+        with pytest.raises(ValueError, match=r"num_heads=8.*sliding_window=128.*shape \[8\].*got \[16\]"):
+            aa.AscendAttentionBackendImpl(8, 64, 0.125, 1, None, 128, "auto", None, "decoder", None,
+                                          sinks=torch.zeros(16))
+        with pytest.raises(TypeError, match="floating point"):
+            aa.AscendAttentionBackendImpl(8, 64, 0.125, 1, None, 128, "auto", None, "decoder", None,
+                                          sinks=torch.zeros(8, dtype=torch.int32))
 
 
 def test_status_and_verify_json_agree():
