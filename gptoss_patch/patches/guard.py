@@ -62,10 +62,22 @@ def check(status: Any) -> None:
 
 
 def _guard_init(wrapped, instance, args, kwargs):
-    """wrapt wrapper for ``GptOssForCausalLM.__init__``: build, then :func:`check` the status."""
-    result = wrapped(*args, **kwargs)
+    """wrapt wrapper for ``GptOssForCausalLM.__init__``: build, then :func:`check` the status.
+
+    The patches whose modules are imported while the model is built are only applied then, so the check follows the
+    build. If the build itself fails on an unpatched stack (vLLM >= 0.12 passes YaRN ``truncate=``, which vllm-ascend
+    < 0.15 rejects with ``TypeError``), the guard's error is raised instead, chained to the original one.
+    """
     import gptoss_patch
 
+    try:
+        result = wrapped(*args, **kwargs)
+    except Exception as exc:
+        try:
+            check(gptoss_patch.status())
+        except GptOssNotPatchedError as err:
+            raise err from exc
+        raise
     check(gptoss_patch.status())
     return result
 

@@ -14,6 +14,11 @@ dtype; the simulator accepts float32 as a documented extension - the real fused 
 the reference in float32. Each vLLM step is fed the reference's previous tokens (teacher forcing: the runner
 emits its own argmax, compared with the reference's argmax at the same prefix), so one near-tie cannot
 cascade into a different continuation. Logit tolerance: see :data:`LOGIT_TOLERANCE`.
+
+Per vllm-ascend release (module layouts B, C, E, F of :mod:`gptoss_patch.matrix`) the runner follows that release's
+``NPUModelRunner`` (:data:`gptoss_patch.testing.runner.RUNNER_RULES`); the report names the layout, the KV-cache
+groups vLLM formed (0.14.0rc1: a sliding-window group and a full-attention group) and how many sliding-window
+block-table entries pointed at the null block, as vLLM's sliding-window manager does once blocks leave the window.
 """
 
 from __future__ import annotations
@@ -35,6 +40,15 @@ from pathlib import Path
 #: transformers' own bf16 run deviates from its float32 run by up to 1.4 on these logits (measured), so
 #: bf16 greedy tokens cannot be expected to match near ties; the bf16 mode is reported, with tolerance 3.0.
 LOGIT_TOLERANCE = {"float32": 1e-3, "bfloat16": 3.0}
+
+#: Layouts whose vllm-ascend casts float32 MoE weights to FRACTAL_NZ, which no NZ grouped matmul accepts: 0.12.0rc1's
+#: ``AscendUnquantizedFusedMoEMethod.process_weights_after_loading`` (ops/fused_moe/fused_moe.py) casts w13/w2 to NZ
+#: whenever ``utils.is_enable_nz()`` (``VLLM_ASCEND_ENABLE_NZ``, default 1), whatever the dtype, and
+#: ``aclnnGroupedMatmulWeightNz`` has alignment rules for INT8/BF16/FP16/INT4 weights only (npu_ops.md §6; 0.11.x's
+#: ``is_enable_nz(dtype)`` and 0.13.0's ``maybe_trans_nz`` leave float32 in ND: "fp32 can not support NZ"). The float32
+#: comparison run on these layouts sets vllm-ascend's own switch ``VLLM_ASCEND_ENABLE_NZ=0`` (reported in
+#: ``Report.environment``); bfloat16 runs keep the default, NZ and the MoE padding patch.
+FLOAT32_NZ_OFF_LAYOUTS = frozenset({"C"})
 
 
 SHARED_DEVELOPER = (
@@ -82,6 +96,11 @@ class Report:
     reused_prefix_blocks: int = 0
     graph_steps: int = 0
     captured_sizes: list[int] = field(default_factory=list)
+    layout: str = ""  # gptoss_patch.matrix layout family of the installed vllm-ascend
+    kv_groups: list[dict] = field(default_factory=list)  # per KV-cache group: spec class, sliding window, layers
+    nulled_block_entries: int = 0  # sliding-window block-table entries pointed at the null block
+    worker_patches_skipped: list[str] = field(default_factory=list)  # vllm-ascend worker patches needing torchvision
+    environment: dict = field(default_factory=dict)  # environment variables this run set (FLOAT32_NZ_OFF_LAYOUTS)
     seconds: dict = field(default_factory=dict)
     decoded_first: str = ""
     harmony_parse: str = ""
@@ -160,6 +179,10 @@ def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32", g
     report.seconds["reference"] = round(time.perf_counter() - t1, 1)
 
     t2 = time.perf_counter()
+    from gptoss_patch.testing import vllm_setup
+
+    if dtype == "float32" and vllm_setup.layout() in FLOAT32_NZ_OFF_LAYOUTS:
+        report.environment["VLLM_ASCEND_ENABLE_NZ"] = os.environ["VLLM_ASCEND_ENABLE_NZ"] = "0"
     with ascend_context(checkpoint, dtype=dtype) as config:
         sim = SimulatedGptOss(config, num_blocks=48, graph=graph, max_decode_batch=len(prompts))
         reqs = sim.generate(prompts, steps, forced=[toks for toks, _ in ref])
@@ -167,6 +190,10 @@ def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32", g
         report.reused_prefix_blocks = sim.reused_blocks
         report.graph_steps = sim.graph_steps
         report.captured_sizes = sorted(sim.captured_sizes)
+        report.layout = sim.layout
+        report.kv_groups = sim.kv_groups_summary()
+        report.nulled_block_entries = sim.nulled_entries
+        report.worker_patches_skipped = vllm_setup.worker_patch_report()["skipped"]
     report.seconds["vllm"] = round(time.perf_counter() - t2, 1)
     for p, r, (toks, logits) in zip(prompts, reqs, ref):
         matched = sum(int(a == b) for a, b in zip(r.output, toks))
@@ -193,6 +220,16 @@ def print_report(report: Report) -> None:
           f"{report.status.get('versions', {}).get('vllm_ascend')} (NPU simulator) vs transformers float32")
     print(f"  attention states exercised: {', '.join(report.states_seen)}; KV blocks reused from the prefix "
           f"cache: {report.reused_prefix_blocks}")
+    groups = "; ".join(f"{g['spec']}{'(window ' + str(g['sliding_window']) + ')' if g['sliding_window'] else ''}: "
+                       f"{len(g['layers'])} layers" for g in report.kv_groups)
+    print(f"  layout {report.layout}; KV-cache groups: {groups}"
+          + (f"; out-of-window block-table entries pointed at the null block: {report.nulled_block_entries}"
+             if report.nulled_block_entries else ""))
+    if report.environment:
+        print(f"  environment set for this run: {report.environment} (see FLOAT32_NZ_OFF_LAYOUTS)")
+    if report.worker_patches_skipped:
+        print(f"  vllm-ascend worker patches not applied (they import torchvision, absent here; vision models only): "
+              f"{', '.join(report.worker_patches_skipped)}")
     if report.graph_steps:
         print(f"  decode steps replayed from captured ACL graphs: {report.graph_steps} (capture sizes "
               f"{report.captured_sizes})")

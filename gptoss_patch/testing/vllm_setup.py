@@ -8,7 +8,8 @@ them:
 * :func:`engine_config` - ``EngineArgs(...).create_engine_config()`` with CPU-friendly defaults;
 * :func:`ascend_context` - context manager: process-wide distributed init (gloo, once per process) and the per-config
   vllm-ascend init (``adapt_patch``, ``is_enable_nz``, ``register_ascend_customop``, ``init_ascend_config``, SoC
-  version), inside ``set_current_vllm_config``; yields the ``VllmConfig``;
+  version, and the process-wide state ``NPUModelRunner.__init__`` sets from 0.12.0rc1 on: MC2 capacity and mask,
+  rope cos/sin buffers, weight-prefetch method), inside ``set_current_vllm_config``; yields the ``VllmConfig``;
 * :func:`load_model` - the model through vLLM's own loader (checkpoint weights, ``process_weights_after_loading``);
 * :func:`layout` - the module-layout family (``gptoss_patch.matrix.LAYOUTS`` key) of the installed vllm-ascend;
 * :func:`worker_patch_report` - which of vllm-ascend's worker patch modules are applied, and which could not be;
@@ -117,6 +118,119 @@ def _init_world(cfg: Any, rank: int, distributed_init_method: str | None) -> Non
     _world = want
 
 
+def layout() -> str:
+    """The module-layout family of the installed vllm-ascend: a key of ``gptoss_patch.matrix.LAYOUTS``.
+
+    The matrix row of this process's decision (``gptoss_patch.status().row``) when there is one, else the row
+    :func:`gptoss_patch.matrix.decide` picks for the installed versions (``GPTOSS_PATCH_DISABLE=1`` still runs on a
+    known layout).
+
+    Raises:
+        RuntimeError: the installed vllm-ascend maps to no row with a layout (refused, or natively supported
+            releases, which have nothing patched and no layout).
+    """
+    import gptoss_patch
+    from gptoss_patch import environment, matrix
+
+    release = gptoss_patch.status().row
+    row = next((r for r in matrix.ROWS if r.vllm_ascend == release), None)
+    if row is None or row.layout is None:
+        v = environment.installed_versions()
+        row = matrix.decide(v.vllm_ascend, v.vllm).row
+    if row is None or row.layout is None:
+        v = environment.installed_versions()
+        raise RuntimeError(f"vllm-ascend {v.vllm_ascend} with vllm {v.vllm} has no module layout in "
+                           f"gptoss_patch.matrix (layouts exist for the apply rows: "
+                           f"{', '.join(matrix.supported_releases())})")
+    return row.layout
+
+
+#: Worker patch statements skipped because they need ``torchvision`` (see the module docstring), by statement text.
+_skipped_worker_patches: list[str] = []
+
+
+def worker_patch_report() -> dict[str, list[str]]:
+    """``{"applied": [...], "skipped": [...]}``: vllm-ascend worker patch modules imported in this process, and the
+    statements of ``vllm_ascend/patch/worker/__init__.py`` skipped because they need ``torchvision``."""
+    import sys
+
+    applied = sorted(m for m in sys.modules if m.startswith("vllm_ascend.patch.worker.patch_"))
+    return {"applied": applied, "skipped": list(_skipped_worker_patches)}
+
+
+def _adapt_worker_patches() -> None:
+    """``vllm_ascend.utils.adapt_patch()`` (``from vllm_ascend.patch import worker``), tolerating ``torchvision``.
+
+    When the package import stops on ``torchvision``, run ``vllm_ascend/patch/worker/__init__.py`` statement by
+    statement in a fresh package module, as the import would (modules already imported are not re-run), skipping the
+    statements whose imports need ``torchvision``.
+
+    Raises:
+        ModuleNotFoundError / any error of a worker patch other than a missing ``torchvision``.
+    """
+    import ast
+    import importlib.util
+    import sys
+
+    import vllm_ascend.utils as vu
+
+    if "vllm_ascend.patch.worker" in sys.modules:
+        return
+    try:
+        vu.adapt_patch()
+        return
+    except ModuleNotFoundError as exc:
+        if exc.name != "torchvision":
+            raise
+    import vllm_ascend.patch as parent
+
+    spec = importlib.util.find_spec("vllm_ascend.patch.worker")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        source = open(spec.origin, encoding="utf-8").read()
+        for node in ast.parse(source, spec.origin).body:
+            code = compile(ast.Module([node], []), spec.origin, "exec")
+            try:
+                exec(code, module.__dict__)  # noqa: S102 - upstream's own package __init__, one statement at a time
+            except ModuleNotFoundError as exc:
+                if exc.name != "torchvision":
+                    raise
+                _skipped_worker_patches.append(ast.unparse(node))
+    except BaseException:
+        sys.modules.pop(spec.name, None)
+        raise
+    parent.worker = module
+
+
+def _init_runner_globals(cfg: Any) -> None:
+    """The process-wide state ``NPUModelRunner.__init__`` sets before the first forward pass, per release.
+
+    0.12.0rc1 - 0.14.0rc1 (``model_runner_v1.py`` ``NPUModelRunner.__init__``): ``set_cos_and_sin(vllm_config,
+    max_num_reqs, decode_token_per_req, dtype, device)`` (``ascend_forward_context`` in 0.12.0rc1,
+    ``ops.rotary_embedding`` from 0.13.0), ``set_mc2_tokens_capacity(vllm_config, max_num_reqs,
+    uniform_decode_query_len)`` and ``set_mc2_mask(vllm_config, device)`` (``ascend_forward_context``); 0.13.0+ also
+    ``set_weight_prefetch_method(ascend_config.weight_prefetch_config)``. Each upstream setter keeps its first value
+    (one model runner per process). 0.11.x keeps these in the runner object instead (see :func:`forward_context`).
+    """
+    import importlib
+
+    import torch
+
+    afc = importlib.import_module("vllm_ascend.ascend_forward_context")
+    rope = importlib.import_module("vllm_ascend.ops.rotary_embedding")
+    spec = cfg.speculative_config
+    per_req = 1 + (spec.num_speculative_tokens if spec else 0)
+    max_num_reqs = cfg.scheduler_config.max_num_seqs
+    device = torch.device("cpu")  # the simulated NPU's memory is host memory
+    set_cos_and_sin = getattr(rope, "set_cos_and_sin", None) or getattr(afc, "set_cos_and_sin", None)
+    if set_cos_and_sin is not None:
+        set_cos_and_sin(cfg, max_num_reqs, per_req, cfg.model_config.dtype, device)
+    if hasattr(afc, "set_mc2_tokens_capacity"):
+        afc.set_mc2_tokens_capacity(cfg, max_num_reqs, per_req)
+        afc.set_mc2_mask(cfg, device)
+
+
 def _init_ascend(cfg: Any, worker_patches: bool) -> None:
     """The vllm-ascend part of ``NPUWorker.__init__`` for ``cfg`` (idempotent parts stay idempotent)."""
     import vllm_ascend.utils as vu
@@ -124,8 +238,10 @@ def _init_ascend(cfg: Any, worker_patches: bool) -> None:
     from vllm_ascend.ascend_config import init_ascend_config
 
     if worker_patches:
-        vu.adapt_patch()
-    if hasattr(vu, "is_enable_nz"):  # 0.11.x / 0.12: caches its answer on the first call; recompute for this config
+        _adapt_worker_patches()
+    if "vllm_config" in inspect.signature(getattr(vu, "is_enable_nz", lambda: None)).parameters:
+        # 0.11.x: caches its answer for the config of the first call; recompute for this config (0.12.0rc1 reads an
+        # environment variable, 0.13+ has maybe_trans_nz instead)
         if hasattr(vu, "_ENABLE_NZ"):
             vu._ENABLE_NZ = None
         vu.is_enable_nz(vllm_config=cfg)
@@ -137,10 +253,11 @@ def _init_ascend(cfg: Any, worker_patches: bool) -> None:
         if fn is not None:
             fn()
             break
-    if hasattr(vu, "set_weight_prefetch_method"):  # 0.15: NPUModelRunner.__init__ sets it; select_experts reads it
+    if hasattr(vu, "set_weight_prefetch_method"):  # 0.13+: NPUModelRunner.__init__ sets it; select_experts reads it
         from vllm_ascend.ascend_config import get_ascend_config
 
         vu.set_weight_prefetch_method(get_ascend_config().weight_prefetch_config)
+    _init_runner_globals(cfg)
 
 
 @contextlib.contextmanager
@@ -155,9 +272,9 @@ def ascend_context(checkpoint_dir: str | os.PathLike | None = None, *, vllm_conf
         rank: this process's global rank (multi-process tests: one process per rank).
         distributed_init_method: ``torch.distributed`` init URL shared by all ranks (``file://...`` or ``tcp://...``);
             default a fresh file (single process).
-        worker_patches: apply vllm-ascend's worker patches (``adapt_patch()``) as the worker does. vllm-ascend
-            0.15.0rc1's import ``torchvision`` (``patch_huanyuan_vl``), which the 0.15 venv lacks; pass ``False`` there
-            when the code under test does not depend on them (the MoE path does not). Once applied they stay applied.
+        worker_patches: apply vllm-ascend's worker patches (``adapt_patch()``) as the worker does; statements of the
+            worker patch package that need ``torchvision`` are skipped (module docstring, "Worker patches"). Pass
+            ``False`` to leave them out altogether. Once applied they stay applied.
 
     Raises:
         ValueError: neither or both of ``checkpoint_dir`` / ``vllm_config``.
@@ -203,12 +320,20 @@ def mc2_tokens_capacity(vllm_config: Any) -> int:
 def select_moe_comm_type(vllm_config: Any, num_tokens: int, with_prefill: bool = True) -> Any:
     """The ``MoECommType`` vllm-ascend's model runner picks for a step of ``num_tokens`` (``None`` for a dense model).
 
-    0.13+: ``vllm_ascend.ascend_forward_context.select_moe_comm_method`` itself. 0.11.x: the rules of
-    ``NPUModelRunner._select_moe_comm_method`` (vllm_ascend/worker/model_runner_v1.py), restated here because importing
-    that module needs ``numba`` (vLLM's n-gram proposer), which the cell venvs do not install: no expert parallel ->
-    ALLGATHER; A2 -> MC2 if ``num_tokens <= mc2_tokens_capacity`` and ``world_size_across_dp >= 16``, else ALLTOALL
-    for ``moe_quantize == "w4a8_dynamic"``, else ALLGATHER; A3 -> MC2 up to the capacity, else ALLTOALL; then
-    ALLGATHER with a prefill becomes NAIVE_MULTICAST unless sequence parallelism is on; PanguProMoE -> ALLGATHER.
+    Per layout (:func:`layout`):
+
+    * E, F (0.13.0+): ``vllm_ascend.ascend_forward_context.select_moe_comm_method(num_tokens, vllm_config)`` itself
+      (``set_ascend_forward_context`` calls it; ``with_prefill`` plays no part).
+    * C (0.12.0rc1): the rules of ``NPUModelRunner._select_moe_comm_method`` (vllm_ascend/worker/model_runner_v1.py),
+      restated because importing that module needs ``numba``: no expert parallel -> ALLGATHER; A2 -> MC2 if
+      ``num_tokens <= get_mc2_tokens_capacity()`` and ``world_size_across_dp / pipeline_parallel_size >= 16``, else
+      ALLTOALL for ``moe_quantize``/``quantize == "w4a8_dynamic"``, else ALLGATHER; A3 -> MC2 up to the capacity, else
+      FUSED_ALLTOALL for ``w8a8_dynamic`` with an EP group of <= 16 ranks, else ALLTOALL; PanguProMoE -> ALLGATHER.
+      ``with_prefill`` plays no part.
+    * B (0.11.x): the rules of 0.11's ``NPUModelRunner._select_moe_comm_method``: no expert parallel -> ALLGATHER;
+      A2 -> MC2 if ``num_tokens <= mc2_tokens_capacity`` and ``world_size_across_dp >= 16``, else ALLTOALL for
+      ``moe_quantize == "w4a8_dynamic"``, else ALLGATHER; A3 -> MC2 up to the capacity, else ALLTOALL; then ALLGATHER
+      with a prefill becomes NAIVE_MULTICAST unless sequence parallelism is on; PanguProMoE -> ALLGATHER.
 
     Raises:
         ValueError: an SoC other than A2/A3 (as upstream).
@@ -217,18 +342,46 @@ def select_moe_comm_type(vllm_config: Any, num_tokens: int, with_prefill: bool =
 
     if hasattr(afc, "select_moe_comm_method"):
         return afc.select_moe_comm_method(num_tokens, vllm_config)
-    from vllm_ascend.utils import AscendSocVersion, enable_sp, get_ascend_soc_version, is_moe_model
+    from vllm_ascend.utils import is_moe_model
 
     MoECommType = afc.MoECommType
     if not is_moe_model(vllm_config):
         return None
     hf = vllm_config.model_config.hf_config
+    pc = vllm_config.parallel_config
+    if layout() == "C":
+        from vllm.distributed.parallel_state import get_ep_group
+        from vllm_ascend.utils import AscendDeviceType, get_ascend_device_type
+
+        capacity = afc.get_mc2_tokens_capacity()
+        soc = get_ascend_device_type()
+        quant = getattr(hf, "moe_quantize", getattr(hf, "quantize", None))
+        if not pc.enable_expert_parallel:
+            chosen = MoECommType.ALLGATHER
+        elif soc in {AscendDeviceType._910B}:
+            if num_tokens <= capacity and pc.world_size_across_dp / pc.pipeline_parallel_size >= 16:
+                chosen = MoECommType.MC2
+            elif quant == "w4a8_dynamic":
+                chosen = MoECommType.ALLTOALL
+            else:
+                chosen = MoECommType.ALLGATHER
+        elif soc in {AscendDeviceType._910_93}:
+            chosen = (MoECommType.MC2 if num_tokens <= capacity else
+                      MoECommType.FUSED_ALLTOALL if quant == "w8a8_dynamic" and get_ep_group().world_size <= 16
+                      else MoECommType.ALLTOALL)
+        else:
+            raise ValueError(f"Unsupported soc_version: {soc}")
+        if hf.model_type == "PanguProMoE":
+            chosen = MoECommType.ALLGATHER
+        return chosen
+    from vllm_ascend.utils import AscendSocVersion, enable_sp, get_ascend_soc_version
+
     soc = get_ascend_soc_version()
     capacity = mc2_tokens_capacity(vllm_config)
-    if not vllm_config.parallel_config.enable_expert_parallel:
+    if not pc.enable_expert_parallel:
         chosen = MoECommType.ALLGATHER
     elif soc == AscendSocVersion.A2:
-        if num_tokens <= capacity and vllm_config.parallel_config.world_size_across_dp >= 16:
+        if num_tokens <= capacity and pc.world_size_across_dp >= 16:
             chosen = MoECommType.MC2
         elif getattr(hf, "moe_quantize", None) == "w4a8_dynamic":
             chosen = MoECommType.ALLTOALL
@@ -247,17 +400,25 @@ def select_moe_comm_type(vllm_config: Any, num_tokens: int, with_prefill: bool =
 
 @contextlib.contextmanager
 def forward_context(vllm_config: Any, num_tokens: int, *, with_prefill: bool = True, moe_comm_type: Any = None,
-                    in_profile_run: bool = False, attn_metadata: Any = None) -> Iterator[Any]:
+                    in_profile_run: bool = False, attn_metadata: Any = None, num_actual_tokens: int | None = None,
+                    cudagraph_runtime_mode: Any = None, batch_descriptor: Any = None,
+                    model_instance: Any = None) -> Iterator[Any]:
     """vllm-ascend's forward context for a step of ``num_tokens`` tokens, as ``NPUModelRunner.execute_model`` sets it.
 
     Args:
         vllm_config: the config (its layers are looked up by name from its static forward context).
         num_tokens: tokens in the step (the padded count the runner passes).
-        with_prefill: the step contains a prefill (0.11.x picks NaiveMulticast over AllGather then).
+        with_prefill: the step contains a prefill (0.11.x picks NaiveMulticast over AllGather then; 0.12.0rc1 stores
+            it in the context; later releases do not take it).
         moe_comm_type: a ``vllm_ascend.ascend_forward_context.MoECommType`` to force; default
-            :func:`select_moe_comm_type`.
+            :func:`select_moe_comm_type` (0.13+: ``set_ascend_forward_context`` selects it itself; a forced type is
+            then put into the context afterwards, with its communication method).
         in_profile_run: vLLM's memory-profiling run (upstream then routes tokens to random experts).
-        attn_metadata: attention metadata (``None`` for MoE-only calls).
+        attn_metadata: attention metadata, a dict layer name -> metadata (``None`` for MoE-only calls).
+        num_actual_tokens: the unpadded token count (default ``num_tokens``).
+        cudagraph_runtime_mode: ``vllm.config.CUDAGraphMode`` the runner dispatched (default NONE).
+        batch_descriptor: ``vllm.forward_context.BatchDescriptor`` the runner dispatched.
+        model_instance: the model (the runner passes ``self.model``; vllm-ascend reads ``model.model.start_layer``).
 
     Yields:
         vLLM's ``ForwardContext`` (with vllm-ascend's fields: ``moe_comm_type``, ``moe_comm_method``, ...).
@@ -266,17 +427,24 @@ def forward_context(vllm_config: Any, num_tokens: int, *, with_prefill: bool = T
     from vllm.forward_context import get_forward_context
     from vllm_ascend.ascend_forward_context import set_ascend_forward_context
 
-    if moe_comm_type is None:
-        moe_comm_type = select_moe_comm_type(vllm_config, num_tokens, with_prefill)
     params = inspect.signature(set_ascend_forward_context).parameters
-    kwargs: dict[str, Any] = {"num_tokens": num_tokens, "in_profile_run": in_profile_run}
-    if "moe_comm_type" in params:  # 0.11.x: the runner passes its choice and its MC2 mask buffer
-        kwargs.update(moe_comm_type=moe_comm_type, with_prefill=with_prefill,
-                      reserved_mc2_mask=torch.zeros(mc2_tokens_capacity(vllm_config), dtype=torch.bool),
-                      num_actual_tokens=num_tokens)
+    selected_inside = "moe_comm_type" not in params  # 0.13+
+    if moe_comm_type is None and not selected_inside:
+        moe_comm_type = select_moe_comm_type(vllm_config, num_tokens, with_prefill)
+    kwargs: dict[str, Any] = {"num_tokens": num_tokens, "in_profile_run": in_profile_run,
+                              "num_actual_tokens": num_tokens if num_actual_tokens is None else num_actual_tokens,
+                              "model_instance": model_instance}
+    if cudagraph_runtime_mode is not None:
+        kwargs["aclgraph_runtime_mode"] = cudagraph_runtime_mode
+    if batch_descriptor is not None:
+        kwargs["batch_descriptor"] = batch_descriptor
+    if not selected_inside:  # 0.11.x / 0.12.0rc1: the runner passes its choice
+        kwargs.update(moe_comm_type=moe_comm_type, with_prefill=with_prefill)
+    if "reserved_mc2_mask" in params:  # 0.11.x: and its MC2 mask buffer (0.12+: set_mc2_mask, module state)
+        kwargs["reserved_mc2_mask"] = torch.zeros(mc2_tokens_capacity(vllm_config), dtype=torch.bool)
     with set_ascend_forward_context(attn_metadata, vllm_config, **kwargs):
         ctx = get_forward_context()
-        if "moe_comm_type" not in params and moe_comm_type != ctx.moe_comm_type:  # 0.13+: selected inside
+        if selected_inside and moe_comm_type is not None and moe_comm_type != ctx.moe_comm_type:
             import importlib
 
             mod = importlib.import_module("vllm_ascend.ops.fused_moe.moe_comm_method")

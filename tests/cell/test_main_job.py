@@ -1,9 +1,15 @@
 """Issue 7 in a real cell: harmony prompts through vLLM's GptOssForCausalLM on patched vllm-ascend (simulated NPU)
-give the same greedy tokens as transformers; with the patches off or one patch failing, the guard stops the load."""
+give the same greedy tokens as transformers, eager and with FULL_DECODE_ONLY ACL graphs; the KV-cache groups are the
+release's (0.14.0rc1: a sliding-window group whose out-of-window blocks are never read); with the patches off or one
+patch failing, the guard stops the load."""
 
 import json
+import re
 import subprocess
 import sys
+
+from gptoss_patch import matrix
+from gptoss_patch.testing import main_job
 
 BUILD_MODEL = """
 import os, sys
@@ -22,22 +28,88 @@ with ascend_context(ckpt) as cfg:
         print("GUARD-RESULT " + type(exc).__name__ + " " + str(exc).replace(chr(10), " | "))
 """
 
+#: Two requests of random token ids (longer than two 128-token blocks, so the sliding window of 128 leaves whole
+#: blocks behind), a few greedy steps, against transformers; then the same with the out-of-window entries of the
+#: *full-attention* group pointed at the null block too (a negative control: those layers do need them).
+WINDOW_RUN = """
+import json, sys
+import torch
+from gptoss_patch.testing import npu_sim
+npu_sim.install()
+from gptoss_patch.testing.tiny import write_checkpoint
+from gptoss_patch.testing.runner import NULL_BLOCK, SimulatedGptOss, ascend_context, reference_generate
+ckpt = write_checkpoint(sys.argv[1], preset="tiny", seed=0, tokenizer=False)
+gen = torch.Generator().manual_seed(7)
+prompts = [torch.randint(0, 200000, (n,), generator=gen).tolist() for n in (300, 281)]
+steps = 6
+ref = reference_generate(ckpt, prompts, steps)
 
-def _guard_result(proc):
+
+class AlsoFullGroup(SimulatedGptOss):
+    also_full = False
+
+    def _table_row(self, group, req, gi):
+        row = super()._table_row(group, req, gi)
+        if self.also_full and not group.sliding_window:
+            window = next(g.sliding_window for g in self.groups if g.sliding_window)
+            skipped = max(0, req.computed - window + 1) // self.block_size
+            for i in range(min(skipped, len(row))):
+                row[i] = NULL_BLOCK
+                self.nulled_entries += 1
+        return row
+
+
+out = {}
+with ascend_context(ckpt, dtype="float32") as cfg:
+    sim = AlsoFullGroup(cfg, num_blocks=40)  # null_out_of_window: as vLLM does for the release
+    out["layout"] = sim.layout
+    out["groups"] = sim.kv_groups_summary()
+    if not any(g["sliding_window"] for g in out["groups"]):
+        try:
+            sim.resolve_null_out_of_window(True)
+            out["explicit_null_error"] = None
+        except ValueError as exc:
+            out["explicit_null_error"] = str(exc)
+    else:
+        for label, also_full in (("window_only", False), ("also_full", True)):
+            sim.also_full = also_full
+            sim.nulled_entries = 0
+            reqs = sim.generate(prompts, steps, forced=[t for t, _ in ref])
+            out[label] = {
+                "nulled": sim.nulled_entries,
+                "matched": sum(int(a == b) for r, (t, _) in zip(reqs, ref) for a, b in zip(r.output, t)),
+                "compared": sum(len(t) for t, _ in ref),
+                "max_logit_diff": max(float((a - b).abs().max()) for r, (_, lg) in zip(reqs, ref)
+                                      for a, b in zip(r.logits, lg)),
+            }
+print("WINDOW-RESULT " + json.dumps(out))
+"""
+
+
+def _result(proc, tag):
     for line in proc.stdout.splitlines():
-        if line.startswith("GUARD-RESULT "):
-            return line[len("GUARD-RESULT "):]
-    raise AssertionError(f"no result (rc {proc.returncode}): {proc.stderr[-3000:]}")
+        if line.startswith(tag + " "):
+            return line[len(tag) + 1:]
+    raise AssertionError(f"no {tag} (rc {proc.returncode}): {proc.stderr[-3000:]}")
 
 
-def test_verify_simulate_runs_the_main_job_and_every_token_matches():
+def test_verify_simulate_runs_the_main_job_and_every_token_matches(layout):
     proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--simulate", "--json"], capture_output=True,
                           text=True, timeout=2400)
     report = json.loads(proc.stdout)
+    for mode, job in report.get("main_job", {}).items():  # the measured numbers (shown by pytest -rA)
+        print(f"{mode}: layout {job.get('layout')}, seconds {job.get('seconds')}, graph replays "
+              f"{job.get('graph_steps')} (sizes {job.get('captured_sizes')}), max |logit diff| "
+              f"{max((c['max_logit_diff'] for c in job.get('conversations', [])), default=None)}, tokens "
+              f"{sum(c['matched'] for c in job.get('conversations', []))}/"
+              f"{sum(c['compared'] for c in job.get('conversations', []))}, null-block entries "
+              f"{job.get('nulled_block_entries')}, environment {job.get('environment')}")
     assert proc.returncode == 0, report["problems"]
+    needed = set(matrix.LAYOUT_PATCHES[layout])
     for mode in ("eager", "graph"):
         job = report["main_job"][mode]
         assert job["ok"] and len(job["conversations"]) >= 4, mode
+        assert job["layout"] == layout
         for c in job["conversations"]:
             assert 200 <= c["prompt_tokens"] <= 400
             assert c["compared"] >= 32 and c["matched"] == c["compared"], (mode, c)
@@ -45,16 +117,51 @@ def test_verify_simulate_runs_the_main_job_and_every_token_matches():
         assert {"PrefillNoCache", "ChunkedPrefill", "DecodeOnly"} <= set(job["states_seen"])
         assert job["reused_prefix_blocks"] >= 1
         applied = {p["name"] for p in job["status"]["patches"] if p["state"] == "applied"}
-        assert {"attention.keep_sinks", "attention.sink_window_forward", "rope.yarn_truncate", "moe.apply_mlp",
-                "aclgraph.update_attn_params"} <= applied, applied
+        assert needed <= applied, needed - applied
+        assert _windowed(job["kv_groups"]) == (layout == "F"), job["kv_groups"]
+        nz_off = layout in main_job.FLOAT32_NZ_OFF_LAYOUTS  # float32 cannot be FRACTAL_NZ: see there
+        assert job["environment"] == ({"VLLM_ASCEND_ENABLE_NZ": "0"} if nz_off else {}), job["environment"]
+        # worker patches left out (they need torchvision) patch vision-language models only
+        assert all(re.search(r"patch_qwen[\d_]*(vl|omni)\b", s) for s in job["worker_patches_skipped"]), job
+        if layout == "F":  # vLLM's sliding-window manager frees blocks that left the window: every run meets some
+            assert job["nulled_block_entries"] > 0
     assert report["main_job"]["eager"]["graph_steps"] == 0
-    assert report["main_job"]["graph"]["graph_steps"] >= 16  # pure decode steps replayed from captured graphs
+    graph = report["main_job"]["graph"]
+    assert graph["graph_steps"] >= 16  # pure decode steps replayed from captured graphs
+    assert graph["captured_sizes"] and max(graph["captured_sizes"]) <= len(graph["conversations"])
+
+
+def _windowed(groups):
+    return any(g["sliding_window"] for g in groups)
+
+
+def test_kv_cache_groups_of_the_release_and_the_sliding_window_null_block(tmp_path, layout):
+    """Up to 0.13.0 the runner gives every layer a FullAttentionSpec: one group. 0.14.0rc1 asks the layers, so the
+    sliding-window layers form their own group; vLLM then points their out-of-window blocks at the null block. With
+    the null block full of large random values, the tokens still match transformers (the window is honoured), while
+    doing the same to the full-attention group breaks the logits (the null block really is read when attended)."""
+    proc = subprocess.run([sys.executable, "-c", WINDOW_RUN, str(tmp_path / "ckpt")], capture_output=True, text=True,
+                          timeout=1500)
+    out = json.loads(_result(proc, "WINDOW-RESULT"))
+    assert out["layout"] == layout
+    groups = out["groups"]
+    layers = [f"model.layers.{i}.attn.attn" for i in range(4)]
+    if layout != "F":
+        assert groups == [{"spec": "FullAttentionSpec", "sliding_window": None, "layers": layers}]
+        assert "needs a sliding-window KV-cache group" in out["explicit_null_error"]
+        return
+    assert groups == [{"spec": "SlidingWindowSpec", "sliding_window": 128, "layers": layers[0::2]},
+                      {"spec": "FullAttentionSpec", "sliding_window": None, "layers": layers[1::2]}]
+    ok, control = out["window_only"], out["also_full"]
+    assert ok["nulled"] > 0 and ok["matched"] == ok["compared"] == 12, ok
+    assert ok["max_logit_diff"] <= 1e-3, ok
+    assert control["nulled"] > ok["nulled"] and control["max_logit_diff"] > 0.5, control
 
 
 def test_guard_stops_a_gpt_oss_load_with_patches_disabled(tmp_path):
     proc = subprocess.run([sys.executable, "-c", BUILD_MODEL.format(prelude=""), str(tmp_path / "ckpt")],
                           capture_output=True, text=True, timeout=900, env=_env(GPTOSS_PATCH_DISABLE="1"))
-    result = _guard_result(proc)
+    result = _result(proc, "GUARD-RESULT")
     assert result.startswith("GptOssNotPatchedError")
     assert "decision: disabled" in result and "every GPT-OSS patch" in result
     assert "attention sinks" in result and "swigluoai" in result
@@ -73,7 +180,7 @@ def test_guard_names_the_patch_that_failed(tmp_path):
         "wrapt.register_post_import_hook(sabotage, 'vllm_ascend.ops.rotary_embedding')\n")
     proc = subprocess.run([sys.executable, "-c", BUILD_MODEL.format(prelude=prelude), str(tmp_path / "ckpt")],
                           capture_output=True, text=True, timeout=900, env=_env())
-    result = _guard_result(proc)
+    result = _result(proc, "GUARD-RESULT")
     assert result.startswith("GptOssNotPatchedError")
     assert "not applied: rope.yarn_truncate" in result and "structural check failed" in result
     assert "attention.keep_sinks" not in result  # the applied ones are not listed
@@ -83,5 +190,6 @@ def _env(**extra):
     import os
 
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    env.pop("GPTOSS_PATCH_ALLOW_UNPATCHED", None)
     env.update(extra)
     return env
