@@ -30,11 +30,13 @@ class GptOssNotPatchedError(RuntimeError):
     """A GPT-OSS model was built on vllm-ascend without every GPT-OSS patch applied."""
 
 
-def check(status: Any) -> None:
+def check(status: Any, include_pending: bool = True) -> None:
     """Raise :class:`GptOssNotPatchedError` unless ``status`` says GPT-OSS is safe to run.
 
     Args:
         status: a :class:`gptoss_patch.registry.Status`.
+        include_pending: list patches still waiting for their module among those not applied (False when the build
+            stopped early because of a failed patch: the modules of the pending ones were simply not reached).
 
     Raises:
         GptOssNotPatchedError: decision not *apply*/*stand-down*, or a patch not applied; the message lists
@@ -47,6 +49,8 @@ def check(status: Any) -> None:
     missing = [p for p in status.patches if p.state != "applied"]
     if status.decision == "apply" and status.patches and not missing:
         return
+    if not include_pending and any(p.state != "pending" for p in missing):
+        missing = [p for p in missing if p.state != "pending"]
     lines = [f"refusing to build a GPT-OSS model on vllm-ascend {status.versions.get('vllm_ascend')}: "
              f"it would produce wrong outputs.",
              f"  decision: {status.decision} - {status.reason}"]
@@ -74,7 +78,7 @@ def _guard_init(wrapped, instance, args, kwargs):
         result = wrapped(*args, **kwargs)
     except Exception as exc:
         try:
-            check(gptoss_patch.status())
+            check(gptoss_patch.status(), include_pending=False)
         except GptOssNotPatchedError as err:
             raise err from exc
         raise
