@@ -1,6 +1,6 @@
 """Drift: is the code we are about to patch the code a tested release shipped?
 
-For every release of the version matrix that we patch, ``upstream_fingerprints.json`` (next to this module) holds
+For every release of the version matrix (patched, refused and stand-down rows), ``upstream_fingerprints.json`` (next to this module) holds
 a fingerprint of each patch target: the sha256 of the target's source segment (``ast.get_source_segment`` of its
 ``def``/``class``, decorators excluded - the method of ``shared/reference/upstream_fingerprints.json``), computed
 from the released wheel by ``scripts/update_fingerprints.py``. At activation every applied target is
@@ -11,8 +11,9 @@ fingerprinted again from the installed files (:func:`gptoss_patch.registry.finge
   ``verify`` marks it. Whether to apply is still the structural check's call (signature and presence), so an
   edit that keeps the structure is applied and reported, not refused.
 
-Every cell checks that the installed release's live fingerprints equal its entry in the table
-(``tests/cell/test_activation.py``), so the table cannot silently go stale.
+Every patched cell checks that the installed release's live fingerprints equal its entry in the table
+(``tests/cell/test_activation.py``); the other rows' entries are checked against their wheels by
+``tests/unit/test_matrix_wheels.py`` (see also ``scripts/update_fingerprints.py --check``).
 """
 
 from __future__ import annotations
@@ -87,6 +88,6 @@ def classify(target: str, fingerprint: str | None,
     if tested_matches:
         return Drift(TESTED, matches, f"{TESTED} (as shipped in {', '.join(tested_matches)})")
     if matches:
-        return Drift(UNTESTED, matches, f"{UNTESTED}: as shipped in {', '.join(matches)}, which no cell tests")
+        return Drift(UNTESTED, matches, f"{UNTESTED}: as shipped in {', '.join(matches)}, which no patched cell tests")
     return Drift(UNTESTED, (), f"{UNTESTED}: fingerprint {fingerprint[:12]} matches no release we know "
                                "(edited or local build); applied because the structural check passed")

@@ -195,7 +195,7 @@ ROWS: tuple[Row, ...] = (
     Row("0.13.0rc2", "0.13.0", "2.8.0", "2.8.0", "8.5.0", APPLY, "E", False,
         "judged against 0.13.0 (every target passes the structural check, read from the wheel)"),
     Row("0.13.0rc3", "0.13.0", "2.8.0", "2.8.0.post2", "8.5.1", REFUSE, None, False,
-        "a separate build released after 0.13.0 (DeepSeek-V4 code; targets hash differently from 0.13.0) "
+        "a separate build released after 0.13.0 (DeepSeek-V4 code; its MoE apply differs from 0.13.0's) "
         "that no cell tests"),
     Row("0.13.0", "0.13.0", "2.8.0", "2.8.0.post2", "8.5.0", APPLY, "E", True,
         "GPT-OSS patches applied (see verify for the list)"),
@@ -327,6 +327,11 @@ def decide(
 
     by_version = {r.version: r for r in rows}
     row = by_version.get(va)
+    if row is None:
+        # A local / post / dev build of a *refused* release (``0.13.0rc3+local``, ``0.11.0rc0.post1``) is that
+        # release: same release and pre-release segment -> same refusal, whatever its structure.
+        row = next((r for r in rows if r.verdict == REFUSE and r.version.release == va.release
+                    and r.version.pre == va.pre), None)
     if row is not None and row.verdict == REFUSE:
         reason = f"vllm-ascend {vllm_ascend} is not supported: {row.note}. Supported: {_supported_text(rows)}"
         return _maybe_force(Decision(REFUSE, reason, row), force, rows, va)

@@ -118,8 +118,11 @@ def _base(url: str) -> str:
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ValueError(f"server URL must look like http://HOST:PORT or http://HOST:PORT/v1, got {url!r}")
     path = parsed.path.rstrip("/")
+    if "/v1/" in path + "/" and not path.endswith("/v1"):
+        raise ValueError(f"server URL must be the server's base (http://HOST:PORT or http://HOST:PORT/v1), not an "
+                         f"endpoint under /v1; got {url!r}")
     if not path.endswith("/v1"):
-        path += "/v1"
+        path += "/v1"  # a reverse-proxy prefix such as http://HOST/gpt-oss keeps its path
     return urllib.parse.urlunparse((parsed.scheme, parsed.netloc, path, "", "", ""))
 
 

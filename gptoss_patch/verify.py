@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     report = collect(simulate=args.simulate, children=not args.no_children)
     if args.model:
         _checkpoint_section(report, args.model, args.tensor_parallel_size)  # operations kit (issue 9)
-    if args.model:
+    if args.model and "checkpoint" in report:  # the directory could be read: per-rank shapes and padding
         try:
             report["model"] = model_report(args.model, args.tensor_parallel_size)
         except (OSError, ValueError) as exc:

@@ -17,7 +17,7 @@ def test_fingerprint_of_a_tested_release_is_tested_code():
 
 def test_fingerprint_of_an_untested_release_only_is_untested_code_naming_it():
     d = drift.classify(T, "b" * 64, TABLE, tested={"0.12.0rc1"})
-    assert d.verdict == drift.UNTESTED and "0.13.0rc2, 0.13.0" in d.text and "no cell tests" in d.text
+    assert d.verdict == drift.UNTESTED and "0.13.0rc2, 0.13.0" in d.text and "no patched cell tests" in d.text
 
 
 def test_unknown_fingerprint_is_untested_code():

@@ -155,3 +155,16 @@ def test_every_tested_apply_row_has_a_layout_with_patches():
     for row in matrix.ROWS:
         if row.verdict == APPLY:
             assert row.layout in matrix.LAYOUTS and matrix.LAYOUT_PATCHES[row.layout], row
+
+
+@pytest.mark.parametrize("va,vv", [("0.13.0rc3+local", "0.13.0"), ("0.13.0rc3.post1", "0.13.0"),
+                                   ("0.13.0rc3.dev7", "0.13.0"), ("0.11.0rc0+g1234", "0.11.0")])
+def test_local_post_and_dev_builds_of_a_refused_release_are_refused_too(va, vv):
+    d = decide(va, vv, structural_check=compatible)  # even when every target would pass the check
+    assert d.verdict == REFUSE and d.row is not None and d.row.verdict == REFUSE
+    assert d.row.note in d.reason
+
+
+def test_other_pre_releases_of_a_refused_series_are_not_caught_by_the_refused_row():
+    d = decide("0.13.0rc4.dev1", "0.13.0", structural_check=compatible)
+    assert d.verdict == APPLY and "structurally compatible with 0.13.0" in d.reason

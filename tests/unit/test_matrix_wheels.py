@@ -68,11 +68,37 @@ def test_untested_row_wheel_passes_the_structural_check_of_its_tested_row(row):
 def test_rc0_wheel_is_structurally_different_as_well_as_refused():
     d = _decide("0.11.0rc0", "0.11.0")
     assert d["verdict"] == matrix.REFUSE and "different architecture" in d["reason"]
-    # its tree judged as a local 0.11 build does not pass the 0.11.0 layout either (the MoE method module differs)
-    env_check = _decide("0.11.0rc0", "0.11.0", as_version="0.11.0rc0.dev1")
+    # its tree, presented as another 0.11 build, fails the 0.11.0 layout (the MoE method module differs)
+    env_check = _decide("0.11.0rc0", "0.11.0", as_version="0.11.0rc1.dev1")
     assert env_check["verdict"] == matrix.REFUSE and env_check["failures"], env_check
 
 
 def test_013rc3_wheel_is_refused_by_its_row_whatever_its_structure():
     d = _decide("0.13.0rc3", "0.13.0")
     assert d["verdict"] == matrix.REFUSE and "separate build" in d["reason"]
+    # its tree passes the 0.13.0 structural check (only the MoE apply's body differs), so the row alone refuses
+    # it - also as a local build of it
+    other = _decide("0.13.0rc3", "0.13.0", as_version="0.13.0rc4.dev1")
+    assert other["verdict"] == matrix.APPLY, other
+    local = _decide("0.13.0rc3", "0.13.0", as_version="0.13.0rc3+local")
+    assert local["verdict"] == matrix.REFUSE and "separate build" in local["reason"]
+
+
+@pytest.mark.parametrize("release", [r.vllm_ascend for r in matrix.ROWS])
+def test_fingerprint_table_entry_equals_the_released_wheel(release):
+    """Every row's entry (also untested, refused and stand-down rows) is what its wheel ships."""
+    from gptoss_patch import drift
+    from gptoss_patch.registry import fingerprint_in_file, split_target
+
+    root = _tree(release)
+    live = {}
+    for target in {t for lay in matrix.LAYOUTS.values() for t in lay.values() if ":" in t}:
+        module, qualname = split_target(target)
+        base = root.joinpath(*module.split("."))
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.is_file():
+                fp = fingerprint_in_file(path, qualname)
+                if fp is not None:
+                    live[target] = fp
+                break
+    assert live == drift.table()[release]

@@ -141,6 +141,8 @@ def test_unreachable_server_and_bad_url():
                                          "ConnectionRefusedError")
     with pytest.raises(ValueError, match="server URL must look like http://HOST:PORT"):
         probe_server("127.0.0.1:8000")
+    with pytest.raises(ValueError, match="not an endpoint under /v1; got 'http://127.0.0.1:8000/v1/chat/completions'"):
+        probe_server("http://127.0.0.1:8000/v1/chat/completions")  # an endpoint, not the base: never mangled
 
 
 def test_vllm_plugins_filter():
