@@ -59,6 +59,38 @@ def table() -> Mapping[str, Mapping[str, str]]:
         return {}
 
 
+def all_targets() -> list[str]:
+    """Every ``module:qualname`` patch target of every layout of the matrix, sorted (module-only keys excluded)."""
+    from gptoss_patch import matrix
+
+    return sorted({t for layout in matrix.LAYOUTS.values() for t in layout.values() if ":" in t})
+
+
+def fingerprints_in_tree(root: Path, targets: list[str] | None = None) -> dict[str, str]:
+    """Fingerprints of ``targets`` (default :func:`all_targets`) in an unpacked source tree, nothing imported.
+
+    Args:
+        root: directory holding the ``vllm_ascend/`` package sources (e.g. an extracted wheel).
+        targets: ``module:qualname`` strings; a target whose module or def is absent is left out.
+
+    Returns:
+        ``{target: sha256 hex}`` (:func:`gptoss_patch.registry.fingerprint_in_file`).
+    """
+    from gptoss_patch.registry import fingerprint_in_file, split_target
+
+    out = {}
+    for target in all_targets() if targets is None else targets:
+        module, qualname = split_target(target)
+        base = Path(root).joinpath(*module.split("."))
+        for path in (base.with_suffix(".py"), base / "__init__.py"):
+            if path.is_file():
+                fp = fingerprint_in_file(path, qualname)
+                if fp is not None:
+                    out[target] = fp
+                break
+    return out
+
+
 def _tested_releases() -> set[str]:
     from gptoss_patch import matrix
 

@@ -30,12 +30,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gptoss_patch import drift, matrix  # noqa: E402
-from gptoss_patch.registry import fingerprint_in_file, split_target  # noqa: E402
-
-
-def all_targets() -> list[str]:
-    """Every ``module:qualname`` target of every layout, sorted (module-only keys excluded)."""
-    return sorted({t for layout in matrix.LAYOUTS.values() for t in layout.values() if ":" in t})
 
 
 def wheel_for(release: str, wheels: Path) -> Path:
@@ -56,22 +50,12 @@ def fingerprints_of(wheel: Path, targets: list[str], workdir: Path) -> dict[str,
     root = workdir / wheel.stem
     with zipfile.ZipFile(wheel) as zf:
         zf.extractall(root, [n for n in zf.namelist() if n.startswith("vllm_ascend/") and n.endswith(".py")])
-    out = {}
-    for target in targets:
-        module, qualname = split_target(target)
-        base = root.joinpath(*module.split("."))
-        for path in (base.with_suffix(".py"), base / "__init__.py"):
-            if path.is_file():
-                fp = fingerprint_in_file(path, qualname)
-                if fp is not None:
-                    out[target] = fp
-                break
-    return out
+    return drift.fingerprints_in_tree(root, targets)
 
 
 def build(wheels: Path) -> dict[str, dict[str, str]]:
     """The whole table for every matrix row."""
-    targets = all_targets()
+    targets = drift.all_targets()
     table = {}
     with tempfile.TemporaryDirectory() as tmp:
         for row in sorted(matrix.ROWS, key=lambda r: r.version):

@@ -88,17 +88,6 @@ def test_013rc3_wheel_is_refused_by_its_row_whatever_its_structure():
 def test_fingerprint_table_entry_equals_the_released_wheel(release):
     """Every row's entry (also untested, refused and stand-down rows) is what its wheel ships."""
     from gptoss_patch import drift
-    from gptoss_patch.registry import fingerprint_in_file, split_target
 
-    root = _tree(release)
-    live = {}
-    for target in {t for lay in matrix.LAYOUTS.values() for t in lay.values() if ":" in t}:
-        module, qualname = split_target(target)
-        base = root.joinpath(*module.split("."))
-        for path in (base.with_suffix(".py"), base / "__init__.py"):
-            if path.is_file():
-                fp = fingerprint_in_file(path, qualname)
-                if fp is not None:
-                    live[target] = fp
-                break
+    live = drift.fingerprints_in_tree(_tree(release))
     assert live == drift.table()[release]
