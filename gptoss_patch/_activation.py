@@ -13,7 +13,7 @@ import os
 import sys
 import threading
 
-from gptoss_patch import environment, matrix
+from gptoss_patch import environment, evidence, matrix
 from gptoss_patch.registry import PatchState, Registry, Status, static_check
 
 _lock = threading.RLock()
@@ -86,6 +86,10 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
         if disabled:
             _decision = matrix.Decision(DISABLED, "GPTOSS_PATCH_DISABLE=1: no patch is applied (the GPT-OSS guard "
                                                   "stays armed)")
+        elif disabled is not None and _versions.duplicates:
+            listing = "; ".join(f"{name}: {', '.join(paths)}" for name, paths in _versions.duplicates.items())
+            _decision = matrix.Decision(matrix.REFUSE, f"several installations of one distribution ({listing}); "
+                                                       "which one runs is ambiguous: uninstall all but one")
         elif disabled is not None:
             _decision = matrix.decide(_versions.vllm_ascend, _versions.vllm, force=force,
                                       structural_check=_structural_check)
@@ -93,8 +97,9 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
             sys.stderr.write(f"gptoss-patch: WARNING: {_decision.reason}\n")
         if _decision.verdict == matrix.APPLY and _decision.row is not None:
             _register(_decision.row)
-        if _decision.verdict != matrix.STAND_DOWN and _versions.vllm_ascend is not None:
-            _arm_guard()
+        if _versions.vllm_ascend is not None:
+            _arm_guard()  # also on stand-down: it refuses the row's refused capabilities at model build
+        evidence.activation(source, _decision)
         return status()
 
 
@@ -172,7 +177,10 @@ def status() -> Status:
             forced=_decision.forced,
             versions=_versions.as_dict() if _versions else {},
             patches=patches,
-            gaps=[g.text for g in _decision.gaps],
+            gaps=list(_decision.gaps),
+            layout=_decision.row.layout if _decision.row and _decision.verdict == matrix.APPLY else None,
+            capabilities={name: {"state": cap.state, "note": cap.note}
+                          for name, cap in (_decision.row.caps.items() if _decision.row else ())},
             details=details,
         )
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import platform
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from importlib import metadata
 
 #: Distributions whose versions matter to the decision, by distribution name.
@@ -32,6 +32,10 @@ class Versions:
     """Installed versions as strings; ``None`` = not installed; ``cann`` is ``"unknown"`` when absent.
 
     ``simulated_npu`` is True when ``torch_npu`` is served by :mod:`gptoss_patch.testing.npu_sim`.
+    ``vllm`` is the vLLM version as vllm-ascend sees it: ``VLLM_VERSION`` when set (vllm-ascend's
+    ``vllm_version_is`` reads that variable first, ``vllm_ascend/envs.py``), else the installed one, which
+    ``vllm_installed`` always holds. ``duplicates`` maps a distribution installed more than once on
+    ``sys.path`` (several ``*.dist-info`` of one name) to the paths of its metadata directories.
     """
 
     vllm: str | None
@@ -41,6 +45,8 @@ class Versions:
     cann: str
     python: str
     simulated_npu: bool = False
+    vllm_installed: str | None = None
+    duplicates: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         """JSON-ready dict of the fields."""
@@ -82,6 +88,24 @@ def cann_version(environ: dict | None = None) -> str:
     return UNKNOWN
 
 
+def duplicate_distributions(names=DISTRIBUTIONS) -> dict[str, list[str]]:
+    """Distributions of ``names`` with more than one metadata directory on ``sys.path``: name -> paths.
+
+    Two ``vllm-ascend`` dist-infos (a half-finished upgrade, a ``--target`` copy on ``PYTHONPATH``) make the
+    installed version ambiguous: whichever ``importlib.metadata`` finds first need not be the code that runs.
+    """
+    out: dict[str, list[str]] = {}
+    for name in names:
+        paths = []
+        for dist in metadata.distributions(name=name):
+            path = str(getattr(dist, "_path", "") or dist.locate_file(""))
+            if path not in paths:
+                paths.append(path)
+        if len(paths) > 1:
+            out[name] = paths
+    return out
+
+
 def installed_versions() -> Versions:
     """Collect :class:`Versions` for this interpreter without importing vllm, vllm-ascend or torch."""
     import sys
@@ -92,12 +116,16 @@ def installed_versions() -> Versions:
         sim = True
     elif os.environ.get("GPTOSS_PATCH_SIMULATE_NPU", "").strip().lower() in ("1", "true", "yes", "on"):
         sim = True
+    installed = distribution_version("vllm")
+    override = os.environ.get("VLLM_VERSION") or None
     return Versions(
-        vllm=distribution_version("vllm"),
+        vllm=override if override is not None and installed is not None else installed,
         vllm_ascend=distribution_version("vllm-ascend"),
         torch=distribution_version("torch"),
         torch_npu=distribution_version("torch-npu") or distribution_version("torch_npu"),
         cann=cann_version(),
         python=platform.python_version(),
         simulated_npu=sim,
+        vllm_installed=installed,
+        duplicates=duplicate_distributions(),
     )

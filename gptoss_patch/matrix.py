@@ -5,19 +5,26 @@ from ``shared/reference/upstream_targets.md`` §1 (pairing, torch-npu pins, CANN
 target lives); a row is ``tested`` only when a ``nox`` cell ``cell-<release>`` runs the suite
 against that release's real wheels.
 
-Three verdicts:
+Verdicts are per GPT-OSS *capability* (:data:`CAPABILITIES`), not only per release: in each row every
+capability is *native* (upstream computes it right), *patched* (by us, with the patches of the row's layout),
+*deviates* (native, with a documented numerical deviation that ``verify`` warns about) or *refused* (wrong
+upstream and not patched: building a GPT-OSS model that would use it stops with the reason and the setting
+that avoids it). The release verdict follows from them:
 
-* ``apply``: a supported release without native GPT-OSS support; our patches are registered.
-* ``stand-down``: vllm-ascend >= 0.15.0rc1 supports GPT-OSS natively; nothing is patched and
-  :mod:`gptoss_patch.verify` tells the user which GPT-OSS gaps remain upstream in that release.
-* ``refuse``: unknown, unparsable or structurally different; nothing is patched, and building a
+* ``apply``: some capability is patched; the patches of the row's layout are registered, the guard is armed.
+* ``stand-down``: nothing to patch; the guard is still armed and refuses the row's *refused* capabilities
+  when the model being built would use them (e.g. FULL_DECODE_ONLY graphs on 0.15-0.20.1).
+* ``refuse``: unknown, unparsable, unpaired or structurally different; nothing is patched, and building a
   GPT-OSS model stops with an error (the guard), so a server never emits garbage.
 
 A build that is not a row (a pre-release or local build such as ``0.11.0rc1.dev449+gc9b64052e``,
-or a vLLM that is not the paired one) maps to the nearest tested row of the same ``major.minor``
+or a vLLM that is not the paired one) maps to the nearest tested *apply* row of the same ``major.minor``
 series, but only when every target passes the structural check for that row's layout; the
 reason then says "untested build, structurally compatible with X". ``GPTOSS_PATCH_FORCE=1``
-applies the nearest row anyway (loudly).
+applies the nearest row anyway (loudly). A *local version label* (``0.11.0+empty`` in the official images,
+``+cpu``, ``+ascend...``) is the public release it labels: versions are matched on
+:attr:`packaging.version.Version.public`. A release newer than the newest row is refused: nobody has checked it.
+Adding a release: ``docs/adding-a-release.md``.
 """
 
 from __future__ import annotations
@@ -88,6 +95,10 @@ LAYOUTS: dict[str, dict[str, str]] = {
     "F": {
         **_FROM_012,
         "aclgraph_update_graph_params": f"{_AA}:AscendAttentionBackendImpl.update_graph_params",
+    },    # G = 0.17.0rc1, 0.18.0rc1, 0.18.0: native GPT-OSS; only the MoE activation string compare is wrong with
+    # vLLM >= 0.17's MoEActivation Enum (unified_apply_mlp calls unquant_apply_mlp through the module global)
+    "G": {
+        "moe_unquant_apply_mlp": f"{_FM}.moe_mlp:unquant_apply_mlp",
     },
 }
 
@@ -133,16 +144,95 @@ LAYOUT_PATCHES: dict[str, tuple[str, ...]] = {
         "moe.apply_mlp_012",
         "aclgraph.update_graph_params",
         "weights.pad_moe_intermediate",
+    ),    "G": (
+        "moe.activation_name",
     ),
 }
 
 
-@dataclass(frozen=True)
-class Gap:
-    """A GPT-OSS gap that remains in a natively supporting release, and the release that closed it."""
+# ---------------------------------------------------------------------------------------------
+# GPT-OSS capabilities and their state per release
+# ---------------------------------------------------------------------------------------------
 
-    text: str
-    fixed_in: str | None  # vllm-ascend release that fixes it upstream; None = open upstream
+#: Every GPT-OSS capability a release is judged on, with the text ``verify`` shows.
+CAPABILITIES: dict[str, str] = {
+    "attention": "attention sinks + alternating 128-token sliding window (eager and PIECEWISE graphs)",
+    "attention_graph": "the same attention under FULL_DECODE_ONLY ACL graphs (capture + per-step update)",
+    "moe": "swigluoai experts with both expert biases (unquantized MoE)",
+    "quantized_moe": "quantized GPT-OSS experts (W8A8 and other vllm-ascend quantization methods)",
+    "nz_padding": "per-rank MoE intermediate 360 (120b at TP 8) on FRACTAL_NZ weights",
+    "yarn": "YaRN rope with rope_scaling.truncate = false",
+    "checkpoint_bf16": "loading a BF16 GPT-OSS checkpoint",
+    "atlas_310p": "Atlas 300I Duo (310P) attention",
+}
+
+NATIVE = "native"
+PATCHED = "patched"
+DEVIATES = "deviates"
+REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class Cap:
+    """The state of one GPT-OSS capability in one release.
+
+    Attributes:
+        state: ``native`` / ``patched`` / ``deviates`` / ``refused``.
+        note: why (upstream file, PR or issue); for ``refused``, also what avoids it.
+    """
+
+    state: str
+    note: str = ""
+
+
+#: Shared capability texts (each names its evidence; docs/upstream.md has the details per release).
+_C_QUANT = Cap(REFUSED, "vllm-ascend's quantized MoE paths never apply swigluoai or the expert biases "
+                        "(every release up to 0.30.0rc2); use a BF16 checkpoint")
+_C_310P = Cap(REFUSED, "no vllm-ascend release passes GPT-OSS's sinks to the 310P attention "
+                       "(vllm_ascend/_310p); use an Atlas A2/A3 (910B/910C) card")
+_C_GRAPH_NATIVE_BUG = Cap(REFUSED, "FULL_DECODE_ONLY capture of GPT-OSS attention drops the sinks (FIA v1; "
+                                   "fixed upstream by PR #9165 in 0.20.2rc1); serve with "
+                                   "--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}' or upgrade")
+_C_BAND = Cap(DEVIATES, "sliding layers take the TND band with sparse_mode 4 and pre_tokens = 128: 129 keys "
+                        "where GPT-OSS attends 128 (docs/operators.md, calibration finding 2)")
+
+
+def _patched_caps(p310: Cap = _C_310P) -> dict[str, Cap]:
+    """Capabilities of an *apply* row of layouts B-F (vllm-ascend 0.11-0.14)."""
+    return {
+        "attention": Cap(PATCHED, "sinks dropped and the window honoured in one path only upstream"),
+        "attention_graph": Cap(PATCHED, "the ACL-graph parameter update knows only the old paged-attention call"),
+        "moe": Cap(PATCHED, "swigluoai and the expert biases ignored upstream (vllm-ascend issue #4283)"),
+        "quantized_moe": _C_QUANT,
+        "nz_padding": Cap(PATCHED, "the NZ cast of a 360-wide w2 is misaligned; padded to 368 where it casts"),
+        "yarn": Cap(PATCHED, "vllm-ascend's YaRN rounds the ramp (and rejects truncate= from vLLM >= 0.12)"),
+        "checkpoint_bf16": Cap(NATIVE),
+        "atlas_310p": p310,
+    }
+
+
+def _native_caps(**changes: Cap) -> dict[str, Cap]:
+    """Capabilities of a natively supporting row (vllm-ascend >= 0.15.0rc1), with ``changes``."""
+    caps = {
+        "attention": _C_BAND,
+        "attention_graph": _C_GRAPH_NATIVE_BUG,
+        "moe": Cap(NATIVE),
+        "quantized_moe": _C_QUANT,
+        "nz_padding": Cap(NATIVE, "no default NZ cast of unquantized MoE weights"),
+        "yarn": Cap(NATIVE),
+        "checkpoint_bf16": Cap(NATIVE),
+        "atlas_310p": _C_310P,
+    }
+    caps.update(changes)
+    return caps
+
+
+#: vLLM >= 0.17 hands FusedMoE's activation on as the plain Enum ``MoEActivation.SWIGLUOAI``
+#: (vllm/model_executor/layers/fused_moe/layer.py ``MoEActivation.from_str``); vllm-ascend < 0.19.1rc1
+#: compares ``activation == "swigluoai"`` in ``unquant_apply_mlp``: False, so experts run plain SwiGLU.
+_C_MOE_ENUM = Cap(PATCHED, "vLLM >= 0.17 passes MoEActivation.SWIGLUOAI, vllm-ascend compares with the string "
+                           "\"swigluoai\" and runs plain SwiGLU (vllm-ascend issue #8463, fixed by PR #8465 in "
+                           "0.19.1rc1)")
 
 
 @dataclass(frozen=True)
@@ -158,6 +248,8 @@ class Row:
         layout: key into :data:`LAYOUTS` (``None`` when nothing is patched).
         tested: True when a nox cell runs the suite against this release's wheels.
         note: one line shown by ``verify --matrix``.
+        caps: the state of every GPT-OSS capability (:data:`CAPABILITIES` key -> :class:`Cap`); empty for a
+            *refuse* row (nothing runs).
     """
 
     vllm_ascend: str
@@ -169,6 +261,7 @@ class Row:
     layout: str | None = None
     tested: bool = False
     note: str = ""
+    caps: Mapping[str, Cap] = field(default_factory=dict)
 
     @property
     def version(self) -> Version:
@@ -181,44 +274,67 @@ ROWS: tuple[Row, ...] = (
     Row("0.11.0rc0", "0.11.0rc3", "2.7.1", "2.7.1.dev20250724", "8.2.RC1", REFUSE, None, False,
         "different architecture (Attention class replaced wholesale, MoE method monkey-patched onto vLLM's)"),
     Row("0.11.0rc1", "0.11.0", "2.7.1", "2.7.1", "8.3.RC1", APPLY, "B", False,
-        "same layout as 0.11.0 (every target passes the structural check, read from the wheel)"),
+        "same layout as 0.11.0 (every target passes the structural check, read from the wheel)", _patched_caps()),
     Row("0.11.0rc2", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", False,
-        "same layout as 0.11.0 (every target passes the structural check, read from the wheel)"),
+        "same layout as 0.11.0 (every target passes the structural check, read from the wheel)", _patched_caps()),
     Row("0.11.0rc3", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", False,
-        "same layout as 0.11.0 (every target passes the structural check, read from the wheel)"),
+        "same layout as 0.11.0 (every target passes the structural check, read from the wheel)", _patched_caps()),
     Row("0.11.0", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", True,
-        "GPT-OSS patches applied (see verify for the list)"),
+        "GPT-OSS patches applied (see verify for the list)", _patched_caps()),
     Row("0.12.0rc1", "0.12.0", "2.8.0", "2.8.0", "8.3.RC2", APPLY, "C", True,
-        "GPT-OSS patches applied (see verify for the list)"),
+        "GPT-OSS patches applied (see verify for the list)", _patched_caps()),
     Row("0.13.0rc1", "0.13.0", "2.8.0", "2.8.0", "8.3.RC2", APPLY, "E", False,
-        "judged against 0.13.0 (every target passes the structural check, read from the wheel)"),
+        "judged against 0.13.0 (every target passes the structural check, read from the wheel)", _patched_caps()),
     Row("0.13.0rc2", "0.13.0", "2.8.0", "2.8.0", "8.5.0", APPLY, "E", False,
-        "judged against 0.13.0 (every target passes the structural check, read from the wheel)"),
+        "judged against 0.13.0 (every target passes the structural check, read from the wheel)", _patched_caps()),
     Row("0.13.0rc3", "0.13.0", "2.8.0", "2.8.0.post2", "8.5.1", REFUSE, None, False,
         "a separate build released after 0.13.0 (DeepSeek-V4 code; its MoE apply differs from 0.13.0's) "
         "that no cell tests"),
     Row("0.13.0", "0.13.0", "2.8.0", "2.8.0.post2", "8.5.0", APPLY, "E", True,
-        "GPT-OSS patches applied (see verify for the list)"),
+        "GPT-OSS patches applied (see verify for the list)", _patched_caps()),
     Row("0.14.0rc1", "0.14.1", "2.9.0", "2.9.0", "8.5.0", APPLY, "F", True,
-        "GPT-OSS patches applied (see verify for the list)"),
+        "GPT-OSS patches applied (see verify for the list)",
+        _patched_caps(p310=Cap(REFUSED, "the 310P backend is a subclass (vllm_ascend/_310p/attention/attention_v1.py "
+                                        "AscendAttentionBackendImpl310) with its own forward_impl and no sinks; "
+                                        "use an Atlas A2/A3 (910B/910C) card"))),
     Row("0.15.0rc1", "0.15.0", "2.9.0", "2.9.0", "8.5.0", STAND_DOWN, None, True,
-        "native GPT-OSS support; calibration cell"),
+        "native GPT-OSS support (PR #5901); calibration cell", _native_caps()),
+    Row("0.16.0rc1", "0.16.0", "2.9.0", "2.9.0", "8.5.0", STAND_DOWN, None, False,
+        "native GPT-OSS support; vLLM 0.16.0 still passes the MoE activation as a string", _native_caps()),
+    Row("0.17.0rc1", "0.17.0", "2.9.0", "2.9.0", "8.5.0", APPLY, "G", False,
+        "native attention; MoE activation patched (vLLM 0.17 Enum vs vllm-ascend string)",
+        _native_caps(moe=_C_MOE_ENUM)),
+    Row("0.18.0rc1", "0.18.0", "2.9.0", "2.9.0", "8.5.0", APPLY, "G", False,
+        "native attention; MoE activation patched (vLLM 0.18 Enum vs vllm-ascend string)",
+        _native_caps(moe=_C_MOE_ENUM)),
+    Row("0.18.0", "0.18.0", "2.9.0", "2.9.0", "8.5.0", APPLY, "G", False,
+        "native attention; MoE activation patched (vLLM 0.18 Enum vs vllm-ascend string)",
+        _native_caps(moe=_C_MOE_ENUM)),
+    Row("0.19.1rc1", "0.19.1", "2.9.0", "2.9.0", "8.5.0", STAND_DOWN, None, False,
+        "native GPT-OSS support (MoE activation fixed by PR #8465)", _native_caps()),
 )
 
 #: From this vllm-ascend release on, GPT-OSS is supported natively (commit 7221045777, PR #5901).
 NATIVE_FROM = "0.15.0rc1"
 
-#: What natively supporting releases still get wrong for GPT-OSS (upstream_targets.md §7, npu_ops.md §10).
-NATIVE_GAPS: tuple[Gap, ...] = (
-    Gap("sliding-window layers use a swa_mask that violates the sparse_mode=4 mask constraint "
-        "(upstream fix e15d766aba, PR #8387)", "0.19.1rc1"),
-    Gap("FULL_DECODE_ONLY ACL graphs capture GPT-OSS attention without sinks or window; use PIECEWISE "
-        "(upstream fix 8da8e0e6db, PR #9165)", "0.20.2rc1"),
-    Gap("the TND band (sparse_mode=4, pre_tokens=sliding_window) admits 129 keys where the model "
-        "attends 128 (npu_ops.md §10.1)", None),
-    Gap("with additional_config.pa_shape_list in FULL_DECODE_ONLY mode, full-attention layers take "
-        "_npu_paged_attention, which ignores sinks (npu_ops.md §10.4)", None),
-)
+
+def newest_row(rows: Sequence[Row] = ROWS) -> Row:
+    """The newest release the table knows (a newer vllm-ascend is refused: nobody checked it)."""
+    return max(rows, key=lambda r: r.version)
+
+
+def native_attention(row: Row | None) -> bool:
+    """True when ``row``'s GPT-OSS attention is upstream's own code (no attention patch of ours runs): the rows
+    whose cells run the native calibration suite (``tests/cell/native_015``)."""
+    return row is not None and bool(row.caps) and row.caps["attention"].state in (NATIVE, DEVIATES)
+
+
+def cap_lines(row: Row | None) -> tuple[str, ...]:
+    """One line per capability of ``row`` that is not plainly native: ``"<capability>: <state> - <note>"``."""
+    if row is None:
+        return ()
+    return tuple(f"{name}: {cap.state} - {cap.note}" for name, cap in row.caps.items()
+                 if cap.state != NATIVE)
 
 
 @dataclass(frozen=True)
@@ -231,7 +347,6 @@ class Decision:
         row: the matrix row the decision rests on (``None`` for refuse without a row).
         exact: True when vllm-ascend and vLLM equal a tested row exactly.
         forced: True when ``GPTOSS_PATCH_FORCE=1`` overrode a refusal.
-        gaps: for stand-down, the upstream GPT-OSS gaps still open in that release.
         structural_failures: for an untested build, the targets that failed the structural check.
     """
 
@@ -240,17 +355,33 @@ class Decision:
     row: Row | None = None
     exact: bool = False
     forced: bool = False
-    gaps: tuple[Gap, ...] = ()
     structural_failures: tuple[str, ...] = field(default_factory=tuple)
 
 
+    @property
+    def gaps(self) -> tuple[str, ...]:
+        """The row's capabilities that are not plainly native (:func:`cap_lines`); empty without a row."""
+        return cap_lines(self.row) if self.verdict != REFUSE else ()
+
+
 def _parse(name: str, raw: str | None) -> Version | None:
+    """``raw`` as a :class:`Version` of its *public* part (``0.11.0+empty`` -> ``0.11.0``); None stays None.
+
+    Raises:
+        ValueError: not PEP 440, or a tag-less source build (``0.1.dev1+g...``: setuptools-scm's version of a
+            checkout without tags), which cannot be placed in the table.
+    """
     if raw is None:
         return None
     try:
-        return Version(raw)
+        version = Version(raw)
     except InvalidVersion:
         raise ValueError(f"{name} version {raw!r} is not a PEP 440 version") from None
+    if version.release[:2] == (0, 1) and version.dev is not None and version.local:
+        raise ValueError(f"{name} version {raw!r} is a source build without release tags (setuptools-scm's "
+                         f"0.1.devN); set VLLM_VERSION to the release it was built from (vLLM) or "
+                         f"GPTOSS_PATCH_FORCE=1 to apply the nearest tested release anyway")
+    return Version(version.public)
 
 
 def supported_releases(rows: Sequence[Row] = ROWS) -> list[str]:
@@ -261,7 +392,8 @@ def supported_releases(rows: Sequence[Row] = ROWS) -> list[str]:
 def _supported_text(rows: Sequence[Row]) -> str:
     pairs = [f"vllm-ascend {r.vllm_ascend} with vllm {r.vllm}" for r in sorted(rows, key=lambda r: r.version)
              if r.verdict == APPLY]
-    return "; ".join(pairs) + f"; vllm-ascend >= {NATIVE_FROM} needs no patch"
+    native = [r.vllm_ascend for r in sorted(rows, key=lambda r: r.version) if r.verdict == STAND_DOWN]
+    return "; ".join(pairs) + (f"; native GPT-OSS (nothing to patch): {', '.join(native)}" if native else "")
 
 
 def nearest_tested(version: Version, rows: Sequence[Row] = ROWS) -> Row | None:
@@ -276,11 +408,6 @@ def nearest_tested(version: Version, rows: Sequence[Row] = ROWS) -> Row | None:
     series.sort(key=lambda r: r.version)
     not_newer = [r for r in series if r.version <= version]
     return not_newer[-1] if not_newer else series[0]
-
-
-def gaps_for(version: Version) -> tuple[Gap, ...]:
-    """GPT-OSS gaps still open upstream in natively supporting release ``version``."""
-    return tuple(g for g in NATIVE_GAPS if g.fixed_in is None or version < Version(g.fixed_in))
 
 
 def decide(
@@ -315,15 +442,16 @@ def decide(
     except ValueError as exc:
         return Decision(REFUSE, f"{exc}; cannot place it in the version matrix")
 
-    if va >= Version(NATIVE_FROM):
-        gaps = gaps_for(va)
-        text = (f"vllm-ascend {vllm_ascend} supports GPT-OSS natively (since {NATIVE_FROM}); gptoss-patch "
-                "stands down and patches nothing - you no longer need it")
-        return Decision(STAND_DOWN, text, gaps=gaps)
-
     if vv is None:
         return Decision(REFUSE, f"vllm is not installed next to vllm-ascend {vllm_ascend}; install the paired "
                                 f"vllm ({_supported_text(rows)})")
+
+    newest = newest_row(rows)
+    if va > newest.version:
+        reason = (f"vllm-ascend {vllm_ascend} is newer than the newest release this gptoss-patch has checked "
+                  f"({newest.vllm_ascend}); upgrade gptoss-patch, or set GPTOSS_PATCH_ALLOW_UNPATCHED=1 to serve "
+                  "GPT-OSS on it unchecked")
+        return Decision(REFUSE, reason)
 
     by_version = {r.version: r for r in rows}
     row = by_version.get(va)
@@ -335,17 +463,32 @@ def decide(
     if row is not None and row.verdict == REFUSE:
         reason = f"vllm-ascend {vllm_ascend} is not supported: {row.note}. Supported: {_supported_text(rows)}"
         return _maybe_force(Decision(REFUSE, reason, row), force, rows, va)
-    if row is not None and row.verdict == APPLY and row.tested and row.vllm is not None and Version(row.vllm) == vv:
+    if row is not None and row.verdict == STAND_DOWN:
+        if row.vllm is not None and Version(row.vllm) != vv:
+            reason = (f"vllm-ascend {vllm_ascend} pairs with vllm {row.vllm}, not {vllm}: its native GPT-OSS code "
+                      f"was not checked with that vLLM (install vllm=={row.vllm})")
+            return _maybe_force(Decision(REFUSE, reason, row), force, rows, va)
+        tested = "tested here" if row.tested else "not tested here, judged from its released source"
+        return Decision(STAND_DOWN, f"vllm-ascend {vllm_ascend} with vllm {vllm} supports GPT-OSS natively "
+                                    f"({tested}); nothing to patch, the guard refuses what is still wrong "
+                                    "upstream", row, exact=row.tested)
+    if row is not None and row.verdict == APPLY and row.vllm is not None and Version(row.vllm) == vv and row.tested:
         return Decision(APPLY, f"vllm-ascend {vllm_ascend} with vllm {vllm} is a tested release", row, exact=True)
 
     candidate = row if (row is not None and row.verdict == APPLY and row.tested) else nearest_tested(va, rows)
+    if candidate is None and row is not None and row.verdict == APPLY:
+        candidate = row  # an apply row no cell tests (yet): judged against its own layout, structurally
     if candidate is None:
         reason = (f"vllm-ascend {vllm_ascend} (vllm {vllm}) is not in the version matrix and no tested "
                   f"release of its series exists. Supported: {_supported_text(rows)}")
         return _maybe_force(Decision(REFUSE, reason), force, rows, va)
 
-    what = (f"vllm-ascend {vllm_ascend} with vllm {vllm}" if row is None
-            else f"vllm-ascend {vllm_ascend} with vllm {vllm} (tested pairing: vllm {candidate.vllm})")
+    if candidate is row and row is not None and not row.tested:
+        what = f"vllm-ascend {vllm_ascend} with vllm {vllm} (not tested here; layout {row.layout})"
+    elif row is None:
+        what = f"vllm-ascend {vllm_ascend} with vllm {vllm}"
+    else:
+        what = f"vllm-ascend {vllm_ascend} with vllm {vllm} (tested pairing: vllm {candidate.vllm})"
     if structural_check is None:
         reason = f"untested build {what}; its structure was not checked"
         return _maybe_force(Decision(REFUSE, reason, candidate), force, rows, va)
@@ -361,6 +504,9 @@ def decide(
 def _maybe_force(decision: Decision, force: bool, rows: Sequence[Row], va: Version) -> Decision:
     if not force:
         return decision
+    if decision.row is not None and decision.row.verdict == STAND_DOWN:
+        return Decision(STAND_DOWN, f"FORCED by GPTOSS_PATCH_FORCE=1: stand-down as {decision.row.vllm_ascend}; "
+                                    f"would otherwise refuse: {decision.reason}", decision.row, forced=True)
     row = decision.row if (decision.row is not None and decision.row.verdict == APPLY) else None
     if row is None:
         row = nearest_tested(va, rows)
@@ -374,22 +520,31 @@ def _maybe_force(decision: Decision, force: bool, rows: Sequence[Row], va: Versi
                     structural_failures=decision.structural_failures)
 
 
+def _caps_text(row: Row) -> str:
+    if not row.caps:
+        return "-"
+    return "; ".join(f"{name} {cap.state}" for name, cap in row.caps.items() if cap.state != NATIVE) or "all native"
+
+
 def table(rows: Sequence[Row] = ROWS) -> list[Mapping[str, str]]:
     """The matrix as rows of strings for ``verify --matrix`` and the README (release, paired vllm, torch /
-    torch-npu, CANN, verdict, layout family, tested, note)."""
+    torch-npu, CANN, verdict, layout family, tested, the capabilities that are not native, note)."""
     out = []
     for r in sorted(rows, key=lambda r: r.version):
         out.append({"vllm-ascend": r.vllm_ascend, "vllm": r.vllm or "-", "torch / torch-npu": f"{r.torch} / {r.torch_npu}",
                     "CANN": r.cann, "verdict": r.verdict, "layout": r.layout or "-",
-                    "tested": f"yes (cell-{r.vllm_ascend})" if r.tested else "no", "note": r.note})
-    out.append({"vllm-ascend": f">= {NATIVE_FROM}", "vllm": "paired", "torch / torch-npu": "as pinned", "CANN": "as pinned",
-                "verdict": STAND_DOWN, "layout": "-", "tested": "no", "note": "native GPT-OSS support upstream"})
+                    "tested": f"yes (cell-{r.vllm_ascend})" if r.tested else "no",
+                    "not native": _caps_text(r), "note": r.note})
+    newest = newest_row(rows).vllm_ascend
+    out.append({"vllm-ascend": f"> {newest}", "vllm": "-", "torch / torch-npu": "-", "CANN": "-",
+                "verdict": REFUSE, "layout": "-", "tested": "no", "not native": "-",
+                "note": "not checked yet: upgrade gptoss-patch"})
     return out
 
 
 def markdown(rows: Sequence[Row] = ROWS) -> str:
     """The matrix as the Markdown table the README shows (tested by ``tests/unit/test_readme.py``)."""
-    cols = ["vllm-ascend", "vllm", "torch / torch-npu", "CANN", "verdict", "layout", "tested", "note"]
+    cols = ["vllm-ascend", "vllm", "torch / torch-npu", "CANN", "verdict", "layout", "tested", "not native", "note"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in table(rows):
         lines.append("| " + " | ".join(r[c] for c in cols) + " |")

@@ -366,8 +366,11 @@ class Status:
         forced: ``GPTOSS_PATCH_FORCE=1`` overrode a refusal.
         versions: installed versions (:class:`gptoss_patch.environment.Versions` as a dict).
         patches: one :class:`PatchState` per patch the row needs.
-        gaps: for stand-down, GPT-OSS gaps still open upstream in that release.
+        gaps: the row's GPT-OSS capabilities that are not native, one line each (patched, deviating, refused).
         details: other facts (``guard``: its state; ``attention_path``: the operator path chosen).
+        layout: the module-layout family whose patches are registered (``None`` unless *apply*).
+        capabilities: per GPT-OSS capability of the row, ``{"state": ..., "note": ...}``
+            (:data:`gptoss_patch.matrix.CAPABILITIES`).
     """
 
     activated: bool
@@ -380,6 +383,8 @@ class Status:
     patches: list[PatchState]
     gaps: list[str] = field(default_factory=list)
     details: dict = field(default_factory=dict)
+    layout: str | None = None
+    capabilities: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gptoss_patch import evidence
 from gptoss_patch.registry import PatchSpec
 
 
@@ -112,6 +113,7 @@ def _forward_011(wrapped, instance, args, kwargs):
         # upstream's code; under a full-graph capture its paged-attention record gets this layer's name
         return aclgraph.run_naming_upstream_records(lambda: getattr(layer, "layer_name", None),
                                                     lambda: wrapped(*args, **kwargs))
+    evidence.first_use("attention", f"layer {getattr(layer, 'layer_name', '?')}")
     return sink_window_forward(instance, layer, bound["query"], bound["key"], bound["value"],
                                bound["kv_cache"], bound["attn_metadata"], bound["output"])
 
@@ -152,6 +154,7 @@ def _forward_impl(wrapped, instance, args, kwargs):
         out3 = output.view(-1, instance.num_heads, instance.head_size)
         out3.fill_(0)  # no KV cache (profiling): like upstream's attn_metadata-is-None branch
         return output
+    evidence.first_use("attention", f"layer {aclgraph.layer_name_of(instance)}")
     if instance.key_cache is None:  # set by upstream's reshape_and_cache; not called when key/value are None
         instance.key_cache, instance.value_cache = kv_cache[0], kv_cache[1]
     return sink_window_attend(instance, lambda: aclgraph.layer_name_of(instance), bound["query"], attn_metadata,

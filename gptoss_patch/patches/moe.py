@@ -49,8 +49,16 @@ Upstream releases
     same behaviour; ``apply`` drops ``shared_experts`` from 0.13.0rc2 and ``fused_experts`` returns a
     ``FusedExpertsResult`` from 0.13.0rc2 (the wrappers pass any return value through). 0.15.0rc1 consumes
     ``activation`` and the biases natively; the structural checks refuse targets that already have those parameters.
+    ``moe.activation_name`` (layout G: vllm-ascend 0.17.0rc1, 0.18.0rc1, 0.18.0 with vLLM 0.17/0.18) is a different,
+    smaller defect of the natively supporting releases: vLLM >= 0.17 turns ``activation="swigluoai"`` into the plain
+    ``Enum`` member ``MoEActivation.SWIGLUOAI`` (``vllm/model_executor/layers/fused_moe/layer.py``,
+    ``MoEActivation.from_str``) and vllm-ascend's ``moe_mlp.unquant_apply_mlp`` compares ``activation ==
+    "swigluoai"``, which is False for an Enum member, so every GPT-OSS expert runs ``npu_swiglu`` (vllm-ascend issue
+    #8463). The wrapper hands ``unquant_apply_mlp`` the member's ``.value``, exactly what upstream's fix does (PR
+    #8465, ``act_name = getattr(activation, "value", activation)``, first in 0.19.1rc1); the rest of the call -
+    biases, routing, communication - is upstream's native GPT-OSS code.
 Remove when
-    the oldest supported vllm-ascend is >= 0.15.0rc1.
+    the oldest supported vllm-ascend is >= 0.15.0rc1 (layouts B-F), and >= 0.19.1rc1 (layout G).
 """
 
 from __future__ import annotations
@@ -270,6 +278,9 @@ def _run_mlp(bind, wrapped, args, kwargs):
     if extras is None or extras.is_upstream:
         return wrapped(*args, **kwargs)
     b = bind(*args, **kwargs)
+    from gptoss_patch import evidence
+
+    evidence.first_use("moe", f"activation {extras.activation}, biases {extras.w1_bias is not None}")
     if b["with_quant"]:
         raise NotImplementedError(
             f"gptoss-patch: a quantised MoE with activation {extras.activation!r} and/or expert biases is not "
@@ -300,7 +311,43 @@ def _apply_mlp_012(wrapped, instance, args, kwargs):
     return _run_mlp(_bind_mlp_012, wrapped, args, kwargs)
 
 
+def activation_name(activation: Any) -> Any:
+    """The activation as the string vllm-ascend compares with: an ``Enum`` member (vLLM >= 0.17's
+    ``MoEActivation``, whose values are the names, ``vllm/model_executor/layers/fused_moe/activation.py``) becomes its
+    ``.value``; a string or ``None`` is returned unchanged."""
+    import enum
+
+    return activation.value if isinstance(activation, enum.Enum) else activation
+
+
+def _activation_name(wrapped, instance, args, kwargs):
+    """wrapt wrapper for ``moe_mlp.unquant_apply_mlp(hidden_states, w1, w2, group_list, w1_bias=None, w2_bias=None,
+    activation=None, group_list_type=1, topk_scales=None, need_trans=True)`` (vllm-ascend 0.16.0rc1 ... 0.18.0):
+    passes ``activation`` as its string value (:func:`activation_name`); everything else unchanged.
+
+    Shapes (upstream's): ``hidden_states`` ``(M, H)`` sorted by expert, ``w1`` ``(E, H, 2I)`` / ``(E, 2I, H)``,
+    ``w2`` ``(E, I, H)`` / ``(E, H, I)``, ``group_list`` int64 ``(E,)``. Returns ``(M, H)``.
+    """
+    if "activation" in kwargs:
+        kwargs = dict(kwargs, activation=activation_name(kwargs["activation"]))
+    elif len(args) > 6:
+        args = (*args[:6], activation_name(args[6]), *args[7:])
+    name = kwargs.get("activation", args[6] if len(args) > 6 else None)
+    if name == "swigluoai":
+        from gptoss_patch import evidence
+
+        evidence.first_use("moe", "swigluoai (MoEActivation Enum passed as its value)")
+    return wrapped(*args, **kwargs)
+
+
 PATCHES = [
+    PatchSpec(
+        name="moe.activation_name",
+        target_key="moe_unquant_apply_mlp",
+        wrapper=_activation_name,
+        params=("hidden_states", "w1", "w2", "group_list", "w1_bias", "w2_bias", "activation", "group_list_type"),
+        summary="the expert MLP receives vLLM's MoEActivation Enum as the string it compares with (swigluoai)",
+    ),
     PatchSpec(
         name="moe.unquant_apply",
         target_key="moe_unquant_apply",

@@ -25,8 +25,9 @@ CELL = os.environ.get("GPTOSS_CELL")
 
 from gptoss_patch import matrix  # noqa: E402
 
-#: The cell's matrix row (None outside a cell). Stand-down rows (native GPT-OSS support) run the calibration suite
-#: tests/cell/native_015; apply rows run the rest of tests/cell against their layout (``ROW.layout``).
+#: The cell's matrix row (None outside a cell). Rows whose GPT-OSS attention is upstream's own (stand-down rows and
+#: layout G, :func:`gptoss_patch.matrix.native_attention`) run the calibration suite tests/cell/native_015; the other
+#: apply rows run the rest of tests/cell against their layout (``ROW.layout``).
 ROW = next((r for r in matrix.ROWS if r.vllm_ascend == CELL), None)
 NATIVE_CELL = "0.15.0rc1"
 NATIVE_DIR = Path(__file__).resolve().parent / "native_015"
@@ -41,7 +42,7 @@ def pytest_collection_modifyitems(config, items):
     # noxfile.CELLS[release]["tests"] chooses the paths per cell; a mix-up fails here instead of running (or
     # skipping) another cell's suite.
     native = {i.nodeid for i in items if Path(i.path).resolve().is_relative_to(NATIVE_DIR)}
-    stand_down = ROW.verdict == matrix.STAND_DOWN
+    stand_down = matrix.native_attention(ROW)  # stand-down rows and layout G: upstream's own GPT-OSS attention
     wrong = [i.nodeid for i in items if (i.nodeid in native) != stand_down]
     if wrong:
         where = "only tests/cell/native_015" if stand_down else "tests/cell without native_015"

@@ -46,25 +46,80 @@ def test_unpaired_vllm_needs_the_structural_check():
     assert decide("0.11.0", "0.12.0", structural_check=incompatible).verdict == REFUSE
 
 
-@pytest.mark.parametrize("version", ["0.15.0rc1", "0.15.0", "0.23.0"])
-def test_native_releases_stand_down(version):
-    d = decide(version, "0.15.0")
-    assert d.verdict == STAND_DOWN
-    assert "supports GPT-OSS natively" in d.reason and "no longer need" in d.reason
+@pytest.mark.parametrize("va,vv", [("0.15.0rc1", "0.15.0"), ("0.16.0rc1", "0.16.0"), ("0.19.1rc1", "0.19.1")])
+def test_native_releases_stand_down_but_never_say_the_patch_is_not_needed(va, vv):
+    d = decide(va, vv)
+    assert d.verdict == STAND_DOWN and d.row.vllm_ascend == va
+    assert "supports GPT-OSS natively" in d.reason and "no longer need" not in d.reason
+    assert "the guard refuses what is still wrong upstream" in d.reason
 
 
-def test_stand_down_lists_the_gaps_still_open_in_that_release():
-    early = {g.text for g in decide("0.15.0rc1", "0.15.0").gaps}
-    late = {g.text for g in decide("0.23.0", "0.23.0").gaps}
-    assert any("graphs capture GPT-OSS attention without sinks" in g for g in early)
-    assert not any("graphs capture GPT-OSS attention without sinks" in g for g in late)  # fixed in 0.20.2rc1
-    assert any("129 keys" in g for g in late)  # still open upstream
+@pytest.mark.parametrize("va", ["0.17.0rc1", "0.18.0rc1", "0.18.0"])
+def test_018_is_not_stand_down_its_moe_activation_is_patched(va):
+    """vLLM 0.17/0.18 pass MoEActivation.SWIGLUOAI; vllm-ascend 0.17/0.18 compare with the string."""
+    row = next(r for r in matrix.ROWS if r.vllm_ascend == va)
+    d = decide(va, row.vllm, structural_check=compatible)
+    assert d.verdict == APPLY and d.row.layout == "G"
+    assert matrix.LAYOUT_PATCHES["G"] == ("moe.activation_name",)
+    assert d.row.caps["moe"].state == matrix.PATCHED and "#8463" in d.row.caps["moe"].note
+    assert decide(va, row.vllm, structural_check=incompatible).verdict == REFUSE
+
+
+def test_every_row_has_every_capability_and_its_verdict_follows_from_them():
+    for row in matrix.ROWS:
+        if row.verdict == REFUSE:
+            assert not row.caps, row
+            continue
+        assert set(row.caps) == set(matrix.CAPABILITIES), row.vllm_ascend
+        states = {c.state for c in row.caps.values()}
+        assert states <= {matrix.NATIVE, matrix.PATCHED, matrix.DEVIATES, matrix.REFUSED}
+        # apply <=> something is patched; a patched capability needs a layout with patches
+        assert (row.verdict == APPLY) == (matrix.PATCHED in states), row.vllm_ascend
+        for cap in row.caps.values():
+            assert cap.state == matrix.NATIVE or cap.note, (row.vllm_ascend, cap)
+
+
+def test_stand_down_lists_what_is_still_wrong_upstream_in_that_release():
+    early = decide("0.15.0rc1", "0.15.0").gaps
+    late = decide("0.19.1rc1", "0.19.1").gaps
+    assert any(g.startswith("attention_graph: refused") and "PIECEWISE" in g for g in early)
+    assert any(g.startswith("quantized_moe: refused") for g in late)
+    assert any(g.startswith("attention: deviates") and "129 keys" in g for g in late)
+    assert not any(g.startswith("moe:") for g in early + late)  # native MoE
+
+
+def test_a_release_newer_than_the_table_is_refused_not_assumed_native():
+    newest = matrix.newest_row()
+    d = decide("9.0.0", "9.0.0", structural_check=compatible)
+    assert d.verdict == REFUSE and f"newest release this gptoss-patch has checked ({newest.vllm_ascend})" in d.reason
+    assert "GPTOSS_PATCH_ALLOW_UNPATCHED" in d.reason
+
+
+def test_a_native_release_with_another_vllm_is_refused_naming_the_pair():
+    d = decide("0.16.0rc1", "0.17.0", structural_check=compatible)  # 0.17's Enum would meet 0.16's string compare
+    assert d.verdict == REFUSE and "pairs with vllm 0.16.0, not 0.17.0" in d.reason
+    forced = decide("0.16.0rc1", "0.17.0", force=True)
+    assert forced.verdict == STAND_DOWN and forced.forced
+
+
+@pytest.mark.parametrize("va,vv,row", [("0.11.0+empty", "0.11.0+empty", "0.11.0"), ("0.14.0rc1", "0.14.1+cpu", "0.14.0rc1"),
+                                       ("0.13.0+ascend.a3", "0.13.0", "0.13.0")])
+def test_a_local_label_is_the_public_release_it_labels(va, vv, row):
+    """Official images install vLLM as X.Y.Z+empty: that is release X.Y.Z, a tested pairing."""
+    d = decide(va, vv, structural_check=incompatible)  # exact: the structural check is not consulted
+    assert d.verdict == APPLY and d.exact and d.row.vllm_ascend == row
+
+
+def test_a_tagless_source_build_is_refused_naming_the_way_out():
+    d = decide("0.11.0", "0.1.dev1+g1234abc", structural_check=compatible)
+    assert d.verdict == REFUSE and "without release tags" in d.reason
+    assert "VLLM_VERSION" in d.reason and "GPTOSS_PATCH_FORCE" in d.reason
 
 
 def test_older_series_is_refused_naming_the_supported_releases():
     d = decide("0.10.2rc1", "0.10.2", structural_check=compatible)
     assert d.verdict == REFUSE
-    assert "vllm-ascend 0.11.0 with vllm 0.11.0" in d.reason and ">= 0.15.0rc1" in d.reason
+    assert "vllm-ascend 0.11.0 with vllm 0.11.0" in d.reason and "native GPT-OSS (nothing to patch): 0.15.0rc1" in d.reason
 
 
 def test_rc0_is_refused_as_a_different_architecture_even_if_checks_pass():
@@ -97,14 +152,15 @@ def test_force_applies_the_nearest_row_and_says_so():
 
 
 def test_force_never_overrides_stand_down():
-    assert decide("0.15.0rc1", "0.15.0", force=True).verdict == STAND_DOWN
+    d = decide("0.15.0rc1", "0.15.0", force=True)
+    assert d.verdict == STAND_DOWN and not d.forced
 
 
 def test_table_comes_from_the_rows():
     rows = matrix.table()
     assert [r["vllm-ascend"] for r in rows][:len(matrix.ROWS)] == sorted(
         (r.vllm_ascend for r in matrix.ROWS), key=lambda v: matrix.Version(v))
-    assert rows[-1]["verdict"] == STAND_DOWN
+    assert rows[-1]["verdict"] == REFUSE and rows[-1]["vllm-ascend"] == f"> {matrix.newest_row().vllm_ascend}"
 
 
 def test_every_layout_patch_is_declared_and_targets_exist_in_the_layout():

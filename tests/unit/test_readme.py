@@ -14,4 +14,4 @@ def test_readme_matrix_is_the_decision_table():
 
 def test_readme_has_exactly_two_setup_commands():
     text = README.read_text(encoding="utf-8")
-    assert text.count("python3 -m pip install -q nox && python3 -m nox -s ") == 2
+    assert text.count("python3 -m pip install -q nox uv && python3 -m nox -s ") == 2
