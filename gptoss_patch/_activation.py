@@ -39,22 +39,13 @@ def _env_flag(name: str) -> bool:
 
 def _structural_check(row: matrix.Row) -> list[str]:
     """Static (ast, no import) check of every target the row's layout needs; returns failures."""
-    from gptoss_patch.patches import all_specs
+    from gptoss_patch.patches import layout_plan
 
-    specs = all_specs()
-    layout = matrix.LAYOUTS[row.layout] if row.layout else {}
-    failures: list[str] = []
-    for name in matrix.LAYOUT_PATCHES.get(row.layout or "", ()):
-        spec = specs.get(name)
-        if spec is None:
-            failures.append(f"{name}: layout {row.layout} names a patch this gptoss-patch does not declare")
-            continue
-        target = layout.get(spec.target_key)
-        if target is None:
-            failures.append(f"{name}: layout {row.layout} has no target {spec.target_key}")
-            continue
-        failures.extend(static_check(spec, target))
-    return failures
+    try:
+        plan = layout_plan(row.layout)
+    except KeyError as exc:
+        return [str(exc.args[0])]
+    return [failure for spec, target in plan for failure in static_check(spec, target)]
 
 
 def activate(source: str = "api", force: bool | None = None) -> Status:
@@ -122,11 +113,9 @@ def _register(row: matrix.Row) -> None:
     global _registry
     import wrapt
 
-    from gptoss_patch.patches import all_specs
+    from gptoss_patch.patches import layout_plan
 
-    specs = all_specs()
-    names = matrix.LAYOUT_PATCHES.get(row.layout or "", ())
-    _registry = Registry([specs[n] for n in names], matrix.LAYOUTS[row.layout or ""])
+    _registry = Registry([spec for spec, _ in layout_plan(row.layout)], matrix.LAYOUTS[row.layout or ""])
     registry = _registry
     for module in registry.target_modules():
         _hooked.add(module)

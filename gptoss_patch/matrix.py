@@ -164,6 +164,7 @@ CAPABILITIES: dict[str, str] = {
     "yarn": "YaRN rope with rope_scaling.truncate = false",
     "checkpoint_bf16": "loading a BF16 GPT-OSS checkpoint",
     "atlas_310p": "Atlas 300I Duo (310P) attention",
+    "paged_attention_shapes": "additional_config.pa_shape_list under FULL_DECODE_ONLY graphs",
 }
 
 NATIVE = "native"
@@ -194,7 +195,18 @@ _C_GRAPH_NATIVE_BUG = Cap(REFUSED, "FULL_DECODE_ONLY capture of GPT-OSS attentio
                                    "fixed upstream by PR #9165 in 0.20.2rc1); serve with "
                                    "--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}' or upgrade")
 _C_BAND = Cap(DEVIATES, "sliding layers take the TND band with sparse_mode 4 and pre_tokens = 128: 129 keys "
-                        "where GPT-OSS attends 128 (docs/operators.md, calibration finding 2)")
+                        "where GPT-OSS attends 128 (docs/operators.md, calibration finding 2; every release up to "
+                        "0.30.0rc2)")
+_C_BAND_SWA = Cap(DEVIATES, _C_BAND.note + "; and the sliding layers' swa_mask breaks the sparse_mode 4 mask "
+                                           "constraint (fixed by PR #8387 in 0.19.1rc1)")
+_C_PA_SHAPES = Cap(REFUSED, "with additional_config.pa_shape_list, FULL_DECODE_ONLY decode batches of those sizes run "
+                            "GPT-OSS's full-attention layers through _npu_paged_attention, which has no sinks "
+                            "(forward_impl checks the window, not the sinks; every release up to 0.30.0rc2); "
+                            "remove pa_shape_list")
+_C_GRAPH_NATIVE = Cap(NATIVE, "captured with learnable_sink since PR #9165 (full_graph_fia_v2)")
+_C_BF16_024 = Cap(REFUSED, "vLLM 0.24.0 keeps experts under routed_experts without the BF16 name remap (vLLM #45818, "
+                           "first in 0.25.1) and vllm-ascend 0.24.0rc1 dropped its alias: a BF16 GPT-OSS checkpoint "
+                           "does not load (vllm#45830); use vllm-ascend 0.23.0 or 0.25.1rc1")
 
 
 def _patched_caps(p310: Cap = _C_310P) -> dict[str, Cap]:
@@ -208,20 +220,22 @@ def _patched_caps(p310: Cap = _C_310P) -> dict[str, Cap]:
         "yarn": Cap(PATCHED, "vllm-ascend's YaRN rounds the ramp (and rejects truncate= from vLLM >= 0.12)"),
         "checkpoint_bf16": Cap(NATIVE),
         "atlas_310p": p310,
+        "paged_attention_shapes": Cap(PATCHED, "sink and window layers take our attention path in every state"),
     }
 
 
 def _native_caps(**changes: Cap) -> dict[str, Cap]:
     """Capabilities of a natively supporting row (vllm-ascend >= 0.15.0rc1), with ``changes``."""
     caps = {
-        "attention": _C_BAND,
+        "attention": _C_BAND_SWA,
         "attention_graph": _C_GRAPH_NATIVE_BUG,
         "moe": Cap(NATIVE),
         "quantized_moe": _C_QUANT,
-        "nz_padding": Cap(NATIVE, "no default NZ cast of unquantized MoE weights"),
+        "nz_padding": Cap(NATIVE, "no default NZ cast of unquantized MoE weights on A2/A3"),
         "yarn": Cap(NATIVE),
         "checkpoint_bf16": Cap(NATIVE),
         "atlas_310p": _C_310P,
+        "paged_attention_shapes": _C_PA_SHAPES,
     }
     caps.update(changes)
     return caps
@@ -299,19 +313,40 @@ ROWS: tuple[Row, ...] = (
                                         "use an Atlas A2/A3 (910B/910C) card"))),
     Row("0.15.0rc1", "0.15.0", "2.9.0", "2.9.0", "8.5.0", STAND_DOWN, None, True,
         "native GPT-OSS support (PR #5901); calibration cell", _native_caps()),
-    Row("0.16.0rc1", "0.16.0", "2.9.0", "2.9.0", "8.5.0", STAND_DOWN, None, False,
+    Row("0.16.0rc1", "0.16.0", "2.9.0", "2.9.0", "8.5.0", STAND_DOWN, None, True,
         "native GPT-OSS support; vLLM 0.16.0 still passes the MoE activation as a string", _native_caps()),
-    Row("0.17.0rc1", "0.17.0", "2.9.0", "2.9.0", "8.5.0", APPLY, "G", False,
+    Row("0.17.0rc1", "0.17.0", "2.9.0", "2.9.0", "8.5.1", APPLY, "G", True,
         "native attention; MoE activation patched (vLLM 0.17 Enum vs vllm-ascend string)",
         _native_caps(moe=_C_MOE_ENUM)),
-    Row("0.18.0rc1", "0.18.0", "2.9.0", "2.9.0", "8.5.0", APPLY, "G", False,
+    Row("0.18.0rc1", "0.18.0", "2.9.0", "2.9.0", "8.5.1", APPLY, "G", False,
         "native attention; MoE activation patched (vLLM 0.18 Enum vs vllm-ascend string)",
         _native_caps(moe=_C_MOE_ENUM)),
-    Row("0.18.0", "0.18.0", "2.9.0", "2.9.0", "8.5.0", APPLY, "G", False,
+    Row("0.18.0", "0.18.0", "2.9.0", "2.9.0", "8.5.1", APPLY, "G", True,
         "native attention; MoE activation patched (vLLM 0.18 Enum vs vllm-ascend string)",
         _native_caps(moe=_C_MOE_ENUM)),
-    Row("0.19.1rc1", "0.19.1", "2.9.0", "2.9.0", "8.5.0", STAND_DOWN, None, False,
-        "native GPT-OSS support (MoE activation fixed by PR #8465)", _native_caps()),
+    Row("0.19.1rc1", "0.19.1", "2.9.0", "2.9.0", "8.5.1", STAND_DOWN, None, True,
+        "native GPT-OSS support (MoE activation fixed by PR #8465, swa_mask by PR #8387)",
+        _native_caps(attention=_C_BAND)),
+    *(Row(va, vv, "2.10.0", npu, cann, STAND_DOWN, None, False, note,
+          _native_caps(**{"attention": _C_BAND, "attention_graph": _C_GRAPH_NATIVE, **changes}))
+      for va, vv, npu, cann, note, changes in (
+          ("0.20.2rc1", "0.20.2", "2.10.0", "9.0.0", "native; graphs keep the sinks (PR #9165)", {}),
+          ("0.21.0rc1", "0.21.0", "2.10.0", "9.0.0", "native (judged from the wheel: its sdist differs)", {}),
+          ("0.22.1rc1", "0.22.1", "2.10.0", "9.0.0", "native", {}),
+          ("0.23.0rc1", "0.23.0", "2.10.0.post2", "9.0.1", "native", {}),
+          ("0.23.0", "0.23.0", "2.10.0.post4", "9.0.1", "native", {}),
+          ("0.23.0.post1", "0.23.0", "2.10.0.post4", "9.1.0", "native (sdist only on PyPI for cp311)", {}),
+          ("0.24.0rc1", "0.24.0", "2.10.0.post2", "9.0.1", "BF16 GPT-OSS checkpoints do not load",
+           {"checkpoint_bf16": _C_BF16_024}),
+          ("0.25.1rc1", "0.25.1", "2.10.0.post2", "9.0.1", "native", {}),
+          ("0.26.0rc1", "0.26.0", "2.10.0.post4", "9.1.0", "native", {}),
+          ("0.27.1rc1", "0.27.1", "2.10.0.post4", "9.1.0", "native (sdist only on PyPI for cp311)", {}),
+          ("0.28.0rc1", "0.28.0", "2.10.0.post4", "9.1.0", "native (sdist only; quantized MoE: activation handled, "
+                                                         "expert biases still dropped)", {}),
+          ("0.29.0rc1", "0.29.0", "2.10.0.post4", "9.1.0", "native (sdist only; BF16 loader restructured)", {}),
+          ("0.30.0rc1", "0.30.0", "2.10.0.post4", "9.2.0", "native (sdist only)", {}),
+          ("0.30.0rc2", "0.30.0", "2.10.0.post4", "9.2.0", "native (sdist only)", {}),
+      )),
 )
 
 #: From this vllm-ascend release on, GPT-OSS is supported natively (commit 7221045777, PR #5901).

@@ -75,8 +75,6 @@ def child_interpreter_status(env: dict | None = None, timeout: float = 300.0) ->
 
 
 def _spawn_target(queue: Any) -> None:
-    import importlib
-
     import gptoss_patch
 
     err = import_patch_targets()
@@ -148,6 +146,13 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
                 report["warnings"].append(f"patch {p.name} wraps {p.target}: {p.drift}")
     if status.decision == "apply" and not status.ok and not report["problems"]:
         report["problems"].append("not every GPT-OSS patch is applied")
+    for name, cap in status.capabilities.items():
+        if cap["state"] == "deviates":
+            report["warnings"].append(f"{name} deviates upstream: {cap['note']}")
+    serving = serving_interpreter()
+    report["serving_interpreter"] = serving
+    if serving.get("other"):
+        report["warnings"].append(serving["other"])
     if children and status.decision in ("apply", "stand-down") and not import_error:
         fresh = child_interpreter_status()
         spawned = spawn_child_status()
@@ -166,6 +171,39 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
                                           + (job.get("error") or "token or logit mismatch (see main job report)"))
     report["ok"] = not report["problems"]
     return report
+
+
+def serving_interpreter(path: str | None = None) -> dict[str, Any]:
+    """Which interpreter the ``vllm`` console script on ``PATH`` runs, compared with this one.
+
+    ``vllm serve`` runs the interpreter named on the first line of the script (pip writes ``#!/path/python``); if
+    that is not this interpreter's environment, this report describes a stack that does not serve.
+
+    Returns:
+        ``{"script": path or None, "python": its interpreter or None, "other": warning text or None}``.
+    """
+    import shutil
+
+    script = shutil.which("vllm", path=path)
+    if script is None:
+        return {"script": None, "python": None, "other": None}
+    try:
+        with open(script, "rb") as fh:
+            first = fh.readline(4096).decode("utf-8", "replace").strip()
+    except OSError:
+        return {"script": script, "python": None, "other": None}
+    if not first.startswith("#!"):
+        return {"script": script, "python": None, "other": None}
+    interp = first[2:].strip().split()[0] if first[2:].strip() else ""
+    if os.path.basename(interp) == "env" or not interp:
+        return {"script": script, "python": interp or None, "other": None}
+    mine = {os.path.realpath(sys.executable), os.path.realpath(os.path.join(sys.prefix, "bin", "python"))}
+    same = os.path.realpath(interp) in mine or os.path.dirname(os.path.abspath(interp)) == os.path.join(sys.prefix,
+                                                                                                          "bin")
+    other = None if same else (f"the `vllm` on PATH ({script}) runs {interp}, not this interpreter "
+                               f"({sys.executable}): this report is about another environment than the one "
+                               f"`vllm serve` uses; run `{interp} -m gptoss_patch.verify`")
+    return {"script": script, "python": interp, "other": other}
 
 
 def run_main_job(steps: int = 32, graph: bool = False, timeout: float = 1800.0) -> dict[str, Any]:
@@ -243,8 +281,11 @@ def _print_human(report: dict[str, Any]) -> None:
           f"torch {v['torch'] or '-'} | torch-npu {v['torch_npu'] or ('simulated' if v['simulated_npu'] else '-')} | "
           f"CANN {v['cann']} | Python {v['python']}")
     print(f"  decision: {st['decision']}{' (FORCED)' if st['forced'] else ''} - {st['reason']}")
-    for gap in st.get("gaps", []):
-        print(f"    upstream gap still open in this release: {gap}")
+    if st.get("capabilities"):
+        print("  GPT-OSS capabilities (native / patched / deviates / refused when used):")
+        for name, cap in st["capabilities"].items():
+            note = f" - {cap['note']}" if cap["note"] and cap["state"] != "native" else ""
+            print(f"    [{cap['state']:>8}] {name}{note}")
     for key, value in st.get("details", {}).items():
         print(f"  {key.replace('_', ' ')}: {value}")
     if st["patches"]:

@@ -1,8 +1,8 @@
 """Rebuild ``gptoss_patch/upstream_fingerprints.json`` from the released vllm-ascend wheels.
 
-For every release of the version matrix (:data:`gptoss_patch.matrix.ROWS`), download its wheel from PyPI
-(``pip download --no-deps vllm-ascend==X``; or take it from ``--wheels DIR``), read it without installing or
-importing it, and fingerprint every patch target of every layout (:data:`gptoss_patch.matrix.LAYOUTS`; module-only
+For every release of the version matrix (:data:`gptoss_patch.matrix.ROWS`), download its wheel (or, where PyPI has
+no cp311 wheel, its sdist) into ``--wheels DIR`` (:func:`gptoss_patch.testing.release_source.release_tree`), read it
+without installing or importing it, and fingerprint every patch target of every layout (:data:`gptoss_patch.matrix.LAYOUTS`; module-only
 keys have no source segment and are skipped; a target absent from a release is left out). The fingerprint is
 :func:`gptoss_patch.registry.fingerprint_in_file`: sha256 of the def's source segment, the method of
 ``shared/reference/upstream_fingerprints.json``.
@@ -18,12 +18,8 @@ Run it after adding a row or a target; the cells check the table against the ins
 from __future__ import annotations
 
 import argparse
-import glob
 import json
-import subprocess
 import sys
-import tempfile
-import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,35 +28,13 @@ sys.path.insert(0, str(ROOT))
 from gptoss_patch import drift, matrix  # noqa: E402
 
 
-def wheel_for(release: str, wheels: Path) -> Path:
-    """The vllm-ascend wheel of ``release`` in ``wheels`` (downloaded there with pip when missing)."""
-    pattern = str(wheels / f"vllm_ascend-{release}-*.whl")
-    found = glob.glob(pattern)
-    if not found:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", f"vllm-ascend=={release}",
-                        "-d", str(wheels)], check=True)
-        found = glob.glob(pattern)
-    if not found:
-        raise SystemExit(f"no wheel for vllm-ascend {release} in {wheels}")
-    return Path(found[0])
-
-
-def fingerprints_of(wheel: Path, targets: list[str], workdir: Path) -> dict[str, str]:
-    """Fingerprints of ``targets`` in ``wheel`` (extracted under ``workdir``; nothing imported)."""
-    root = workdir / wheel.stem
-    with zipfile.ZipFile(wheel) as zf:
-        zf.extractall(root, [n for n in zf.namelist() if n.startswith("vllm_ascend/") and n.endswith(".py")])
-    return drift.fingerprints_in_tree(root, targets)
-
-
 def build(wheels: Path) -> dict[str, dict[str, str]]:
     """The whole table for every matrix row."""
+    from gptoss_patch.testing.release_source import release_tree
+
     targets = drift.all_targets()
-    table = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for row in sorted(matrix.ROWS, key=lambda r: r.version):
-            table[row.vllm_ascend] = fingerprints_of(wheel_for(row.vllm_ascend, wheels), targets, Path(tmp))
-    return table
+    return {row.vllm_ascend: drift.fingerprints_in_tree(release_tree(row.vllm_ascend, wheels), targets)
+            for row in sorted(matrix.ROWS, key=lambda r: r.version)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,8 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wheels", type=Path, help="directory holding (or receiving) the vllm-ascend wheels")
     ap.add_argument("--check", action="store_true", help="compare with the stored table instead of writing it")
     args = ap.parse_args(argv)
-    with tempfile.TemporaryDirectory() as tmp:
-        table = build(args.wheels or Path(tmp))
+    from gptoss_patch.testing.release_source import CACHE
+
+    table = build(args.wheels or CACHE)
     text = json.dumps(table, indent=1, sort_keys=True) + "\n"
     if args.check:
         stored = drift.TABLE_PATH.read_text(encoding="utf-8") if drift.TABLE_PATH.exists() else ""

@@ -21,3 +21,32 @@ def all_specs() -> dict[str, PatchSpec]:
                 raise RuntimeError(f"patch name {spec.name!r} declared twice")
             specs[spec.name] = spec
     return specs
+
+
+def layout_plan(layout: str | None) -> list[tuple[PatchSpec, str]]:
+    """The patches of a module-layout family with their targets: ``[(spec, "module:qualname"), ...]``.
+
+    The one place that joins :data:`gptoss_patch.matrix.LAYOUT_PATCHES` (which patches), the specs (what each does)
+    and :data:`gptoss_patch.matrix.LAYOUTS` (where its target lives in that layout). ``None`` (nothing patched)
+    gives ``[]``.
+
+    Raises:
+        KeyError: the layout is unknown, names a patch nobody declares, or lacks a patch's target key (a defect of
+            the tables: ``tests/unit/test_matrix.py`` checks every layout).
+    """
+    from gptoss_patch import matrix
+
+    if layout is None:
+        return []
+    if layout not in matrix.LAYOUTS or layout not in matrix.LAYOUT_PATCHES:
+        raise KeyError(f"layout {layout!r} is not in gptoss_patch.matrix.LAYOUTS / LAYOUT_PATCHES")
+    specs = all_specs()
+    plan = []
+    for name in matrix.LAYOUT_PATCHES[layout]:
+        if name not in specs:
+            raise KeyError(f"layout {layout} names patch {name!r}, which no gptoss_patch.patches module declares")
+        spec = specs[name]
+        if spec.target_key not in matrix.LAYOUTS[layout]:
+            raise KeyError(f"layout {layout} has no target {spec.target_key!r} for patch {name}")
+        plan.append((spec, matrix.LAYOUTS[layout][spec.target_key]))
+    return plan

@@ -247,15 +247,12 @@ def update_entry_points(layout: str) -> list[tuple[str, Any]]:
     imported the target's name by value, upstream_targets.md §3.5; only those already imported and holding the name).
     """
     from gptoss_patch import matrix
-    from gptoss_patch.patches import all_specs
+    from gptoss_patch.patches import layout_plan
 
-    specs = all_specs()
     places = []
-    for name in matrix.LAYOUT_PATCHES.get(layout, ()):
-        if not name.startswith("aclgraph."):
+    for spec, target in layout_plan(layout):
+        if not spec.name.startswith("aclgraph."):
             continue
-        spec = specs[name]
-        target = matrix.LAYOUTS[layout][spec.target_key]
         live = _live_attribute(target)
         places.append((target, live[2] if live else None))
         if live is None:

@@ -11,11 +11,21 @@ How
     every vllm-ascend module our patches target: the attention backend and the MoE layers are built
     inside it), it checks :func:`gptoss_patch.status` and raises :class:`GptOssNotPatchedError`
     listing every patch that is not applied, and what to do. Other models never reach it. The guard
-    is armed on every decision except *stand-down* (native support), including
-    ``GPTOSS_PATCH_DISABLE=1``: disabling the patches does not make garbage acceptable
-    (``GPTOSS_PATCH_ALLOW_UNPATCHED=1`` lets a GPT-OSS model load anyway, for experiments).
+    is armed on every decision, including *stand-down* and ``GPTOSS_PATCH_DISABLE=1``: disabling the
+    patches does not make garbage acceptable (``GPTOSS_PATCH_ALLOW_UNPATCHED=1`` lets a GPT-OSS model load
+    anyway, for experiments). Three checks, in order:
+
+    1. before the model is built (nothing loaded yet): the row's *refused* capabilities the configuration
+       would use (:func:`refused_in_use`): FULL_DECODE_ONLY graphs where the graph path drops the sinks, a
+       quantized checkpoint, a BF16 checkpoint where loading is broken, an Atlas 310P card;
+    2. after the build: every patch of the row applied (:func:`check`);
+    3. after the build, *what runs* (:func:`unpatched_in_use`): for every object of the model whose class
+       derives from a patched target class (the attention impl of each layer, each MoE quant method), the
+       method that will run resolves to our wrapper - a subclass with its own override (vllm-ascend 0.14's
+       310P attention ``AscendAttentionBackendImpl310.forward_impl``, a third-party backend) is caught here.
 Upstream releases
-    vLLM 0.11.0 ... 0.14.x ``vllm/model_executor/models/gpt_oss.py`` (class name stable).
+    vLLM 0.11.0 ... 0.19.1 ``vllm/model_executor/models/gpt_oss.py`` (class name and the keyword-only
+    ``vllm_config`` stable).
 Remove when
     gptoss-patch itself is removed.
 """
@@ -42,9 +52,9 @@ def check(status: Any, include_pending: bool = True) -> None:
         GptOssNotPatchedError: decision not *apply*/*stand-down*, or a patch not applied; the message lists
             the patches and their reasons and says how to fix it.
     """
-    if status.decision == "stand-down":
+    if _allowed_unpatched():
         return
-    if os.environ.get("GPTOSS_PATCH_ALLOW_UNPATCHED", "").strip().lower() in ("1", "true", "yes", "on"):
+    if status.decision == "stand-down":
         return
     missing = [p for p in status.patches if p.state != "applied"]
     if status.decision == "apply" and status.patches and not missing:
@@ -65,6 +75,179 @@ def check(status: Any, include_pending: bool = True) -> None:
     raise GptOssNotPatchedError("\n".join(lines))
 
 
+def _allowed_unpatched() -> bool:
+    return os.environ.get("GPTOSS_PATCH_ALLOW_UNPATCHED", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _is_310p() -> bool:
+    """vllm-ascend's own answer (``vllm_ascend.utils.is_310p``, from 0.29.0rc1 ``vllm_ascend.device.device_config``:
+    the SoC of the wheel build on 0.11, the wheel's device type checked against ``torch_npu``'s SoC from 0.12 on);
+    False where vllm-ascend has no such function. :func:`p310_in_use` also looks at the classes that run."""
+    for module in ("vllm_ascend.utils", "vllm_ascend.device.device_config"):  # the latter from 0.29.0rc1 on
+        try:
+            is_310p = getattr(__import__(module, fromlist=["is_310p"]), "is_310p")
+        except (ImportError, AttributeError):
+            continue
+        return bool(is_310p())
+    return False
+
+
+def _full_decode_graphs(vllm_config: Any) -> str | None:
+    """The cudagraph mode's name when decode batches run as FULL ACL graphs (FULL_DECODE_ONLY, FULL,
+    FULL_AND_PIECEWISE: ``CUDAGraphMode.decode_mode() == FULL``, vLLM ``vllm/config/compilation.py``), else None."""
+    cc = getattr(vllm_config, "compilation_config", None)
+    mode = getattr(cc, "cudagraph_mode", None)
+    if mode is None or getattr(getattr(vllm_config, "model_config", None), "enforce_eager", False):
+        return None
+    decode = mode.decode_mode() if hasattr(mode, "decode_mode") else mode
+    return mode.name if getattr(decode, "name", None) == "FULL" else None
+
+
+def _pa_shapes(vllm_config: Any) -> list:
+    """vllm-ascend's ``additional_config.pa_shape_list`` (decode sizes that take ``_npu_paged_attention`` under
+    FULL_DECODE_ONLY, ``vllm_ascend/attention/utils.py`` ``using_paged_attention``); empty when unset."""
+    extra = getattr(vllm_config, "additional_config", None) or {}
+    return list(extra.get("pa_shape_list") or []) if isinstance(extra, dict) else []
+
+
+def refused_in_use(capabilities: dict, vllm_config: Any) -> list[str]:
+    """The row's *refused* GPT-OSS capabilities that this configuration would use, one line each.
+
+    Args:
+        capabilities: ``status().capabilities`` (capability -> ``{"state", "note"}``).
+        vllm_config: vLLM's ``VllmConfig`` the model is being built with (``None``: only device checks run).
+
+    Returns:
+        ``"<capability>: <why it is refused and what avoids it> (in use: <the setting>)"`` per refused capability in
+        use; empty when nothing refused is used. A refused capability with no trigger below (attention, moe, yarn)
+        is always in use.
+    """
+    model_config = getattr(vllm_config, "model_config", None)
+    quant = getattr(model_config, "quantization", None) or (
+        type(getattr(vllm_config, "quant_config", None)).__name__ if getattr(vllm_config, "quant_config", None)
+        else None)
+    triggers = {
+        "attention_graph": lambda: (f"cudagraph_mode {_full_decode_graphs(vllm_config)}"
+                                    if _full_decode_graphs(vllm_config) else None),
+        "quantized_moe": lambda: f"quantization {quant}" if quant else None,
+        "checkpoint_bf16": lambda: None if quant else "an unquantized checkpoint",
+        "atlas_310p": lambda: "an Atlas 310P device" if _is_310p() else None,
+        "nz_padding": lambda: None,  # refused nowhere; padding is a patch or native
+        "paged_attention_shapes": lambda: (f"pa_shape_list {_pa_shapes(vllm_config)} with cudagraph_mode "
+                                           f"{_full_decode_graphs(vllm_config)}"
+                                           if _pa_shapes(vllm_config) and _full_decode_graphs(vllm_config) else None),
+    }
+    lines = []
+    for name, cap in capabilities.items():
+        if cap.get("state") != "refused":
+            continue
+        used = triggers.get(name, lambda: "always")()
+        if used:
+            lines.append(f"{name}: {cap.get('note', '')} (in use: {used})")
+    return lines
+
+
+def check_capabilities(status: Any, vllm_config: Any) -> None:
+    """Raise :class:`GptOssNotPatchedError` when the configuration uses a capability the row refuses.
+
+    Raises:
+        GptOssNotPatchedError: naming each capability, why it is refused and the setting that avoids it.
+    """
+    if _allowed_unpatched():
+        return
+    lines = refused_in_use(getattr(status, "capabilities", {}) or {}, vllm_config)
+    if not lines:
+        return
+    head = (f"refusing to build a GPT-OSS model on vllm-ascend {status.versions.get('vllm_ascend')} "
+            f"(vllm {status.versions.get('vllm')}): this configuration uses what that release gets wrong for "
+            "GPT-OSS.")
+    tail = ("  what to do: change the setting named above, or use a release where it is native or patched "
+            "(`python -m gptoss_patch.verify --matrix`). GPTOSS_PATCH_ALLOW_UNPATCHED=1 loads anyway (wrong outputs).")
+    raise GptOssNotPatchedError("\n".join([head, *(f"  refused: {line}" for line in lines), tail]))
+
+
+def unpatched_in_use(model: Any, patches: Any) -> list[str]:
+    """Objects of ``model`` that will run an upstream method a patch of ours should have wrapped.
+
+    For every applied patch whose target is a method ``module:Class.method``, every submodule of ``model`` - and its
+    ``impl`` (vLLM's attention layer holds the backend impl there) and ``quant_method`` (FusedMoE) - whose class
+    derives from that ``Class`` must resolve ``method`` (first owner in its MRO) to an object carrying our wrapper's
+    marker. A subclass overriding the method (310P attention on vllm-ascend 0.14, a third-party backend) fails.
+
+    Args:
+        model: the built ``GptOssForCausalLM`` (a ``torch.nn.Module``).
+        patches: ``status().patches``.
+
+    Returns:
+        One line per (patch, class) found unpatched, naming a layer, the class and the owner of the method.
+    """
+    from gptoss_patch.registry import APPLIED, MARKER, split_target
+
+    targets = []
+    for p in patches:
+        if p.state != APPLIED:
+            continue
+        module, qualname = split_target(p.target)
+        parts = qualname.split(".")
+        if len(parts) == 2:
+            targets.append((p.name, module, parts[0], parts[1]))
+    if not targets or not hasattr(model, "named_modules"):
+        return []
+    problems: dict[tuple[str, str], str] = {}
+    for layer_name, sub in model.named_modules():
+        for obj in (sub, getattr(sub, "impl", None), getattr(sub, "quant_method", None)):
+            if obj is None:
+                continue
+            mro = type(obj).__mro__
+            for patch, module, cls_name, method in targets:
+                if not any(k.__name__ == cls_name and k.__module__ == module for k in mro):
+                    continue
+                owner = next((k for k in mro if method in k.__dict__), None)
+                attr = owner.__dict__[method] if owner is not None else None
+                if attr is not None and getattr(attr, MARKER, None) is None:
+                    inner = getattr(attr, "__func__", None)  # staticmethod / classmethod around our wrapper
+                    if getattr(inner, MARKER, None) is not None:
+                        continue
+                    key = (patch, type(obj).__qualname__)
+                    problems.setdefault(key, f"{patch}: layer {layer_name or '<model>'} runs "
+                                             f"{type(obj).__module__}.{type(obj).__qualname__}.{method} (defined by "
+                                             f"{owner.__module__}.{owner.__qualname__}), not the patched "
+                                             f"{module}.{cls_name}.{method}")
+    return list(problems.values())
+
+
+def p310_in_use(model: Any) -> list[str]:
+    """Layers of ``model`` whose attention impl or MoE method comes from vllm-ascend's 310P package
+    (``vllm_ascend._310p``: ``AscendAttentionBackendImpl310`` has its own ``forward_impl`` without sinks in every
+    release from 0.14.0rc1; docs/upstream.md). One line per class, naming a layer."""
+    found: dict[str, str] = {}
+    for layer_name, sub in getattr(model, "named_modules", lambda: [])():
+        for obj in (getattr(sub, "impl", None), getattr(sub, "quant_method", None)):
+            if obj is None:
+                continue
+            owner = next((k for k in type(obj).__mro__ if k.__module__.startswith("vllm_ascend._310p")), None)
+            if owner is not None:
+                found.setdefault(owner.__qualname__, f"atlas_310p: layer {layer_name} runs "
+                                                     f"{owner.__module__}.{owner.__qualname__}")
+    return list(found.values())
+
+
+def check_runs(model: Any, status: Any) -> None:
+    """Raise :class:`GptOssNotPatchedError` when :func:`unpatched_in_use` finds anything, or when the row refuses
+    the 310P and :func:`p310_in_use` finds its classes."""
+    if _allowed_unpatched():
+        return
+    problems = unpatched_in_use(model, status.patches)
+    if (getattr(status, "capabilities", {}) or {}).get("atlas_310p", {}).get("state") == "refused":
+        problems += p310_in_use(model)
+    if problems:
+        raise GptOssNotPatchedError("\n".join([
+            "refusing to serve GPT-OSS: the patches are applied, but some layers run a subclass that bypasses them "
+            "(wrong outputs):", *(f"  {p}" for p in problems),
+            "  what to do: use the default attention backend and MoE method of vllm-ascend on an Atlas A2/A3 "
+            "(910B/910C) card; `python -m gptoss_patch.verify` lists the patches."]))
+
+
 def _guard_init(wrapped, instance, args, kwargs):
     """wrapt wrapper for ``GptOssForCausalLM.__init__``: build, then :func:`check` the status.
 
@@ -74,6 +257,7 @@ def _guard_init(wrapped, instance, args, kwargs):
     """
     import gptoss_patch
 
+    check_capabilities(gptoss_patch.status(), kwargs.get("vllm_config", args[0] if args else None))
     try:
         result = wrapped(*args, **kwargs)
     except Exception as exc:
@@ -82,7 +266,9 @@ def _guard_init(wrapped, instance, args, kwargs):
         except GptOssNotPatchedError as err:
             raise err from exc
         raise
-    check(gptoss_patch.status())
+    status = gptoss_patch.status()
+    check(status)
+    check_runs(instance, status)
     return result
 
 

@@ -106,6 +106,7 @@ class Report:
     harmony_parse: str = ""
     logit_tolerance: float = LOGIT_TOLERANCE["float32"]
     status: dict = field(default_factory=dict)
+    evidence: list[str] = field(default_factory=list)  # gptoss_patch.evidence kinds whose patched path ran
 
     @property
     def ok(self) -> bool:
@@ -210,6 +211,9 @@ def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32", g
     except Exception as exc:  # noqa: BLE001 - random weights rarely form a well-formed harmony message
         report.harmony_parse = f"not a well-formed harmony message ({type(exc).__name__}): random tiny weights"
     report.status = gptoss_patch.status().as_dict()
+    from gptoss_patch import evidence
+
+    report.evidence = sorted(evidence.seen())
     report.seconds["total"] = round(time.perf_counter() - t0, 1)
     return report
 

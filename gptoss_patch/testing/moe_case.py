@@ -148,12 +148,11 @@ def moe_modules(layout: str) -> MoEModules:
 
     from gptoss_patch import matrix
 
-    targets = matrix.LAYOUTS[layout]
-    names = matrix.LAYOUT_PATCHES[layout]
-    apply_mlp = next(n for n in names if n.startswith("moe.apply_mlp"))
-    from gptoss_patch.patches import all_specs
+    from gptoss_patch.patches import layout_plan
 
-    mlp_target = targets[all_specs()[apply_mlp].target_key]
+    targets = matrix.LAYOUTS[layout]
+    apply_mlp, mlp_target = next((spec.name, target) for spec, target in layout_plan(layout)
+                                 if spec.name.startswith("moe.apply_mlp"))
     fused_moe = importlib.import_module(targets["moe_unquant_apply"].partition(":")[0])
     comm = importlib.import_module(targets["moe_comm_method_module"])
     mlp = importlib.import_module(mlp_target.partition(":")[0])

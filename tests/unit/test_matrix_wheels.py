@@ -10,14 +10,11 @@ import json
 import os
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
 from gptoss_patch import matrix
-
-CACHE = Path(os.environ.get("GPTOSS_PATCH_WHEEL_CACHE", Path.home() / ".cache" / "gptoss-patch" / "wheels"))
 
 DECIDE = """
 import json, sys
@@ -29,18 +26,9 @@ print(json.dumps({"verdict": d.verdict, "reason": d.reason, "row": d.row.vllm_as
 
 
 def _tree(release: str) -> Path:
-    CACHE.mkdir(parents=True, exist_ok=True)
-    wheels = sorted(CACHE.glob(f"vllm_ascend-{release}-*.whl"))
-    if not wheels:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--disable-pip-version-check",
-                        f"vllm-ascend=={release}", "-d", str(CACHE)], check=True, timeout=900)
-        wheels = sorted(CACHE.glob(f"vllm_ascend-{release}-*.whl"))
-    assert wheels, f"pip download gave no wheel for vllm-ascend {release}"
-    root = CACHE / f"tree-{release}"
-    if not (root / "vllm_ascend" / "__init__.py").exists():
-        with zipfile.ZipFile(wheels[0]) as zf:
-            zf.extractall(root, [n for n in zf.namelist() if n.startswith("vllm_ascend/") and n.endswith(".py")])
-    return root
+    from gptoss_patch.testing.release_source import release_tree
+
+    return release_tree(release)
 
 
 def _decide(release: str, vllm: str, as_version: str | None = None) -> dict:

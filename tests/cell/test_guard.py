@@ -1,0 +1,99 @@
+"""The guard checks what runs, not only what was wrapped (patched rows, layouts B-F).
+
+* On an Atlas 310P device GPT-OSS is refused before the model is built: no vllm-ascend release passes the sinks to
+  the 310P attention (matrix capability ``atlas_310p``). The device is the 310P build of the wheel
+  (``vllm_ascend/_build_info.py``) on a 310P SoC (the simulator answers ``get_soc_version() == 200``, an Atlas
+  310P3, under ``GPTOSS_PATCH_SIM_SOC_VERSION=200``); vllm-ascend's own ``is_310p`` decides, as in each release.
+* With the patches applied, an attention impl of a subclass that overrides the patched method (0.14.0rc1's
+  ``AscendAttentionBackendImpl310.forward_impl``) is named by :func:`gptoss_patch.patches.guard.unpatched_in_use`;
+  the base class's impl is not (negative control).
+"""
+
+import json
+import subprocess
+import sys
+
+from test_main_job import BUILD_MODEL, _env, _result
+
+#: What the 310P build of each vllm-ascend wheel ships in ``vllm_ascend/_build_info.py``: ``__soc_version__`` (0.11.x,
+#: read by ``is_310p``) or ``__device_type__`` (0.12+, ``AscendDeviceType`` member name, checked against the SoC by
+#: ``check_ascend_device_type``).
+_310P_BUILD_INFO = (
+    "import vllm_ascend._build_info as _bi\n"
+    "_bi.__soc_version__ = 'ASCEND310P3'\n"
+    "_bi.__device_type__ = '_310P'\n")
+
+
+def test_gpt_oss_is_refused_before_the_build_on_an_atlas_310p(tmp_path, layout):
+    proc = subprocess.run([sys.executable, "-c", BUILD_MODEL.format(prelude=_310P_BUILD_INFO), str(tmp_path / "ckpt")],
+                          capture_output=True, text=True, timeout=900,
+                          env=_env(GPTOSS_PATCH_SIM_SOC_VERSION="200"))
+    result = _result(proc, "GUARD-RESULT")
+    assert result.startswith("GptOssNotPatchedError"), result
+    assert "refused: atlas_310p" in result and "(in use: an Atlas 310P device)" in result
+    assert "Atlas A2/A3" in result  # what to do
+
+
+def test_the_same_build_on_an_atlas_a2_is_not_refused(tmp_path):
+    """Negative control for the test above: the same script with the A2 SoC builds the model."""
+    proc = subprocess.run([sys.executable, "-c", BUILD_MODEL.format(prelude=""), str(tmp_path / "ckpt")],
+                          capture_output=True, text=True, timeout=900, env=_env(GPTOSS_PATCH_SIM_SOC_VERSION="220"))
+    assert _result(proc, "GUARD-RESULT") == "built"
+
+
+SUBCLASS_RUN = """
+import json, importlib
+import torch
+from gptoss_patch.testing import npu_sim
+npu_sim.install()
+import gptoss_patch
+from gptoss_patch.patches import guard
+base_mod = importlib.import_module("vllm_ascend.attention.attention_v1")
+base = base_mod.AscendAttentionBackendImpl
+status = gptoss_patch.status()
+patch = next(p for p in status.patches if p.name.startswith("attention.sink_window_forward"))
+method = patch.target.rsplit(".", 1)[1]  # forward (0.11.x) or forward_impl (0.12+)
+
+def own(self, *args, **kwargs):  # a third-party backend's override
+    raise AssertionError("never called")
+
+third_party = type("ThirdPartyImpl", (base,), {method: own})
+
+def tree(impl_cls):
+    layer = torch.nn.Module()
+    layer.impl = object.__new__(impl_cls)  # the class decides which method runs; no state is needed
+    model = torch.nn.Module()
+    model.add_module("attn", layer)
+    return model
+
+out = {"patch": patch.name, "state": patch.state, "method": method,
+       "base": guard.unpatched_in_use(tree(base), status.patches),
+       "third_party": guard.unpatched_in_use(tree(third_party), status.patches)}
+try:
+    sub = importlib.import_module("vllm_ascend._310p.attention.attention_v1").AscendAttentionBackendImpl310
+    out["p310"] = guard.unpatched_in_use(tree(sub), status.patches)
+    out["p310_classes"] = guard.p310_in_use(tree(sub))
+    out["base_classes"] = guard.p310_in_use(tree(base))
+except ImportError as exc:
+    out["p310_missing"] = str(exc)
+print("SUBCLASS-RESULT " + json.dumps(out))
+"""
+
+
+def test_a_subclass_that_overrides_the_patched_method_is_named(layout):
+    """Any subclass of the patched impl class that overrides the patched method bypasses our wrapper: a third-party
+    one in every layout, and on 0.14.0rc1 (layout F) vllm-ascend's own 310P impl. The base class is not named."""
+    proc = subprocess.run([sys.executable, "-c", SUBCLASS_RUN], capture_output=True, text=True, timeout=900,
+                          env=_env())
+    out = json.loads(_result(proc, "SUBCLASS-RESULT"))
+    assert out["state"] == "applied" and out["method"] == ("forward" if layout == "B" else "forward_impl")
+    assert out["base"] == []
+    assert len(out["third_party"]) == 1 and out["third_party"][0].startswith(f"{out['patch']}: layer attn runs ")
+    assert f"ThirdPartyImpl.{out['method']}" in out["third_party"][0]
+    if layout == "F":
+        assert len(out["p310"]) == 1 and "AscendAttentionBackendImpl310.forward_impl" in out["p310"][0]
+        assert out["p310_classes"] == ["atlas_310p: layer attn runs "
+                                       "vllm_ascend._310p.attention.attention_v1.AscendAttentionBackendImpl310"]
+        assert out["base_classes"] == []
+    else:  # the _310p attention package exists from 0.14.0rc1 on
+        assert "p310_missing" in out

@@ -1,0 +1,136 @@
+"""Reverse drift: from each release's own sources, every upstream defect the matrix acts on is still there where a
+row patches, refuses or warns about it, and absent where a row calls the capability native.
+
+Each check reads the released ``vllm_ascend`` files (wheel, or sdist where PyPI has no cp311 wheel:
+:func:`gptoss_patch.testing.release_source.release_tree`) as text; nothing is imported. Three outcomes fail, with
+different messages (the pattern of vllm-ascend-split-batch's ``test_rope_fix_drift.py``):
+
+* the defect is gone where the row still acts on it -> "upstream fixed it: drop the patch/refusal for this row";
+* the file the check reads is gone -> "the code moved: re-check the target";
+* the defect is present where the row says native -> "the matrix is wrong".
+
+The defects and their evidence (file, line) are in docs/upstream.md; the vLLM side of the MoE Enum defect
+(vLLM >= 0.17 passes ``MoEActivation`` members) is checked in the cells, which install the paired vLLM.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from packaging.version import Version
+
+from gptoss_patch import matrix
+
+NATIVE_ROWS = [r for r in matrix.ROWS if r.caps and r.version >= Version(matrix.NATIVE_FROM)]
+
+
+def _text(tree: Path, rel: str) -> str:
+    path = tree / rel
+    if not path.is_file():
+        pytest.fail(f"the code moved: {rel} is not in this release; re-check the target and this check")
+    return path.read_text(encoding="utf-8")
+
+
+def _function(text: str, name: str) -> str | None:
+    """Source of the module- or class-level ``def name`` in ``text`` (first match), or None."""
+    import ast
+
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return ast.get_source_segment(text, node)
+    return None
+
+
+def moe_string_compare(tree: Path) -> bool:
+    """``unquant_apply_mlp`` compares ``activation == "swigluoai"`` with no Enum normalisation (vllm-ascend issue
+    #8463; wrong with vLLM >= 0.17, whose FusedMoE passes ``MoEActivation`` members)."""
+    text = _text(tree, "vllm_ascend/ops/fused_moe/moe_mlp.py")
+    return (re.search(r'activation\s*==\s*"swigluoai"', text) is not None
+            and 'getattr(activation, "value"' not in text and "MoEActivation.SWIGLUOAI" not in text)
+
+
+def graph_drops_sinks(tree: Path) -> bool:
+    """The FULL-graph attention has no ``learnable_sink`` variant (``full_graph_fia_v2``, PR #9165)."""
+    return "full_graph_fia_v2" not in _text(tree, "vllm_ascend/attention/attention_v1.py")
+
+
+def band_129(tree: Path) -> bool:
+    """Sliding layers pass ``pre_tokens = sliding_window`` with sparse_mode 4 (129 keys), never ``window - 1``."""
+    text = _text(tree, "vllm_ascend/attention/attention_v1.py")
+    passes_window = re.search(r'pre_tokens"?\s*[=:]\s*self\.sliding_window\b', text) is not None
+    return passes_window and "sliding_window - 1" not in text
+
+
+def swa_mask(tree: Path) -> bool:
+    """Sliding layers hand the band-shaped ``swa_mask`` to the sparse_mode 4 call (fixed by PR #8387)."""
+    return "attn_metadata.swa_mask" in _text(tree, "vllm_ascend/attention/attention_v1.py")
+
+
+def quant_moe_wrong(tree: Path) -> bool:
+    """The quantized expert MLP has no swigluoai, or its grouped matmuls take no expert bias."""
+    quant = _function(_text(tree, "vllm_ascend/ops/fused_moe/moe_mlp.py"), "quant_apply_mlp") or ""
+    no_act = "swigluoai" not in quant.lower()
+    w8a8 = sorted(tree.glob("vllm_ascend/quantization/**/w8a8_dynamic.py"))
+    no_bias = not w8a8 or all("w13_bias" not in p.read_text(encoding="utf-8") for p in w8a8)
+    return no_act or no_bias
+
+
+def p310_no_sinks(tree: Path) -> bool:
+    """The 310P attention impl overrides ``forward_impl`` and never mentions sinks."""
+    text = _text(tree, "vllm_ascend/_310p/attention/attention_v1.py")
+    return "def forward_impl(" in text and "sink" not in text
+
+
+def pa_shapes_drop_sinks(tree: Path) -> bool:
+    """``forward_impl`` takes ``_npu_paged_attention`` on ``pa_shape_list`` sizes checking the window, not sinks."""
+    body = _function(_text(tree, "vllm_ascend/attention/attention_v1.py"), "forward_impl")
+    if body is None:
+        pytest.fail("the code moved: AscendAttentionBackendImpl.forward_impl is gone; re-check this check")
+    return "using_paged_attention(" in body and "self.sinks is None" not in body
+
+
+#: defect check -> (capability, the row's capability states under which the defect must be present)
+DEFECTS = {
+    "graph_drops_sinks": (graph_drops_sinks, "attention_graph", lambda cap: cap.state == matrix.REFUSED),
+    "band_129": (band_129, "attention", lambda cap: cap.state == matrix.DEVIATES),
+    "swa_mask": (swa_mask, "attention", lambda cap: "swa_mask" in cap.note),
+    "quant_moe_wrong": (quant_moe_wrong, "quantized_moe", lambda cap: cap.state == matrix.REFUSED),
+    "p310_no_sinks": (p310_no_sinks, "atlas_310p", lambda cap: cap.state == matrix.REFUSED),
+    "pa_shapes_drop_sinks": (pa_shapes_drop_sinks, "paged_attention_shapes", lambda cap: cap.state == matrix.REFUSED),
+}
+
+
+@pytest.mark.parametrize("row", NATIVE_ROWS, ids=[r.vllm_ascend for r in NATIVE_ROWS])
+@pytest.mark.parametrize("defect", sorted(DEFECTS))
+def test_each_defect_is_present_exactly_where_the_row_acts_on_it(row, defect):
+    from gptoss_patch.testing.release_source import release_tree
+
+    check, capability, expected_when = DEFECTS[defect]
+    cap = row.caps[capability]
+    present = check(release_tree(row.vllm_ascend))
+    if expected_when(cap) and not present:
+        pytest.fail(f"upstream fixed it: {defect} is gone from vllm-ascend {row.vllm_ascend}; drop the "
+                    f"{cap.state} verdict of {capability} for this row")
+    if not expected_when(cap) and present:
+        pytest.fail(f"the matrix is wrong: vllm-ascend {row.vllm_ascend} still has {defect}, but the row says "
+                    f"{capability} is {cap.state}")
+
+
+@pytest.mark.parametrize("row", NATIVE_ROWS, ids=[r.vllm_ascend for r in NATIVE_ROWS])
+def test_the_moe_string_compare_is_patched_where_vllm_passes_an_enum(row):
+    """0.15/0.16 compare with the string and their vLLM passes a string (native); 0.17-0.18 compare with the string
+    while their vLLM passes the Enum (patched, layout G); from 0.19.1rc1 the compare handles the Enum (native)."""
+    from gptoss_patch.testing.release_source import release_tree
+
+    present = moe_string_compare(release_tree(row.vllm_ascend))
+    enum_vllm = Version(row.vllm) >= Version("0.17")
+    if row.caps["moe"].state == matrix.PATCHED:
+        assert enum_vllm and row.layout == "G"
+        if not present:
+            pytest.fail(f"upstream fixed it: vllm-ascend {row.vllm_ascend} handles the Enum; drop moe.activation_name "
+                        "for this row")
+    elif present and enum_vllm:
+        pytest.fail(f"the matrix is wrong: vllm-ascend {row.vllm_ascend} compares with the string while vLLM "
+                    f"{row.vllm} passes MoEActivation members, but the row says moe is {row.caps['moe'].state}")
