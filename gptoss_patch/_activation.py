@@ -38,14 +38,32 @@ def _env_flag(name: str) -> bool:
 
 
 def _structural_check(row: matrix.Row) -> list[str]:
-    """Static (ast, no import) check of every target the row's layout needs; returns failures."""
+    """Static (ast, no import) check of both sides of the pairing: every vllm-ascend target the row's layout needs
+    and every vLLM place GPT-OSS relies on (:data:`gptoss_patch.matrix.VLLM_RELIED`); returns failures."""
     from gptoss_patch.patches import layout_plan
 
     try:
         plan = layout_plan(row.layout)
     except KeyError as exc:
         return [str(exc.args[0])]
-    return [failure for spec, target in plan for failure in static_check(spec, target)]
+    failures = [failure for spec, target in plan for failure in static_check(spec, target)]
+    return failures + vllm_structural_check()
+
+
+def vllm_structural_check() -> list[str]:
+    """Static check of the installed vLLM against :data:`gptoss_patch.matrix.VLLM_RELIED`; returns failures."""
+    from gptoss_patch.registry import PatchSpec
+
+    failures = []
+    for key, (locations, params) in matrix.VLLM_RELIED.items():
+        spec = PatchSpec(f"vllm.{key}", key, wrapper=None, params=params)
+        results = [static_check(spec, loc) for loc in locations]
+        found = [r for r in results if not any(("not found" in f or "not defined" in f) for f in r)]
+        if not found:
+            failures.append(f"vLLM side: {key}: none of {', '.join(locations)} exists")
+        else:
+            failures.extend(f"vLLM side: {f}" for f in found[0])
+    return failures
 
 
 def activate(source: str = "api", force: bool | None = None) -> Status:

@@ -102,6 +102,26 @@ LAYOUTS: dict[str, dict[str, str]] = {
     },
 }
 
+#: The vLLM side of the pairing: the vLLM code every GPT-OSS fix relies on, as ``key -> (locations, parameters)``.
+#: ``locations`` are the ``module:qualname`` candidates (vLLM moved ``Attention`` from ``vllm.attention.layer``
+#: to ``vllm.model_executor.layers.attention.attention`` in 0.16.0); the first that exists is checked for
+#: ``parameters`` (``"**"``: accepts ``**kwargs``). A vLLM that is not a row's paired release is applied only when
+#: every entry passes, as for the vllm-ascend targets (:func:`gptoss_patch._activation._structural_check`).
+VLLM_RELIED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    # the guard's target; vllm_config is what refused_in_use reads
+    "gpt_oss_model_init": (("vllm.model_executor.models.gpt_oss:GptOssForCausalLM.__init__",), ("vllm_config",)),
+    # passes sinks= and per_layer_sliding_window= to Attention
+    "gpt_oss_attention_init": (("vllm.model_executor.models.gpt_oss:OAIAttention.__init__",), ()),
+    # the BF16 loader (w2_bias only on TP rank 0: the bias is added once after the all-reduce)
+    "gpt_oss_load_weights_other": (("vllm.model_executor.models.gpt_oss:GptOssModel._load_weights_other",), ()),
+    # FusedMoE(activation="swigluoai", has_bias=True)
+    "fused_moe_init": (("vllm.model_executor.layers.fused_moe.layer:FusedMoE.__init__",), ("activation", "has_bias")),
+    # sinks reach the impl through **extra_impl_args; the window through per_layer_sliding_window
+    "attention_init": (("vllm.attention.layer:Attention.__init__",
+                        "vllm.model_executor.layers.attention.attention:Attention.__init__"),
+                       ("per_layer_sliding_window", "**")),
+}
+
 #: Which patches (by name, see gptoss_patch.patches) each layout family needs. One name per line: each
 #: capability module owns its own lines.
 LAYOUT_PATCHES: dict[str, tuple[str, ...]] = {
