@@ -226,3 +226,11 @@ def test_local_post_and_dev_builds_of_a_refused_release_are_refused_too(va, vv):
 def test_other_pre_releases_of_a_refused_series_are_not_caught_by_the_refused_row():
     d = decide("0.13.0rc4.dev1", "0.13.0", structural_check=compatible)
     assert d.verdict == APPLY and "structurally compatible with 0.13.0" in d.reason
+
+
+def test_0191rc1_lists_exactly_the_remaining_native_gaps():
+    d = decide("0.19.1rc1", "0.19.1")
+    assert [g.split(":")[0] for g in d.gaps] == ["attention", "attention_graph", "quantized_moe", "atlas_310p",
+                                                 "paged_attention_shapes"]
+    assert d.gaps[0].startswith("attention: deviates") and "swa_mask" not in d.gaps[0]  # PR #8387 is in 0.19.1rc1
+    assert d.gaps[1].startswith("attention_graph: refused") and "PR #9165" in d.gaps[1]
