@@ -392,6 +392,23 @@ def cap_lines(row: Row | None) -> tuple[str, ...]:
                  if cap.state != NATIVE)
 
 
+#: Every table a new vllm-ascend release touches, in order (``docs/adding-a-release.md`` explains each step):
+#: ``(file, name)``. ``tests/unit/test_matrix.py`` checks that each name exists in its file.
+RELEASE_CHECKLIST: tuple[tuple[str, str], ...] = (
+    ("gptoss_patch/matrix.py", "ROWS"),
+    ("gptoss_patch/matrix.py", "LAYOUTS"),
+    ("gptoss_patch/matrix.py", "LAYOUT_PATCHES"),
+    ("gptoss_patch/matrix.py", "VLLM_RELIED"),
+    ("gptoss_patch/kernels/padding.py", "NZ_RULES"),
+    ("noxfile.py", "CELLS"),
+    ("gptoss_patch/testing/runner.py", "RUNNER_RULES"),
+    ("gptoss_patch/upstream_fingerprints.json", "scripts/update_fingerprints.py"),
+    ("tests/unit/test_reverse_drift.py", "DEFECTS"),
+    ("README.md", "### Version matrix"),
+    ("docs/upstream.md", "# "),
+)
+
+
 @dataclass(frozen=True)
 class Decision:
     """The matrix's answer for one set of installed versions.

@@ -234,3 +234,14 @@ def test_0191rc1_lists_exactly_the_remaining_native_gaps():
                                                  "paged_attention_shapes"]
     assert d.gaps[0].startswith("attention: deviates") and "swa_mask" not in d.gaps[0]  # PR #8387 is in 0.19.1rc1
     assert d.gaps[1].startswith("attention_graph: refused") and "PR #9165" in d.gaps[1]
+
+
+def test_the_release_checklist_names_what_exists():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    for path, name in matrix.RELEASE_CHECKLIST:
+        if path.endswith(".json"):
+            assert (root / path).is_file() and (root / name).is_file(), (path, name)
+            continue
+        assert name in (root / path).read_text(encoding="utf-8"), (path, name)
