@@ -213,13 +213,9 @@ def _weak(t: Any) -> Any:
 
 def _active_layout() -> str | None:
     """The module-layout family (``gptoss_patch.matrix.LAYOUTS`` key) of the release gptoss-patch applied to."""
-    from gptoss_patch import _activation, matrix
+    import gptoss_patch
 
-    st = _activation.status()
-    if st.decision != matrix.APPLY or st.row is None:
-        return None
-    row = next((r for r in matrix.ROWS if r.vllm_ascend == st.row), None)
-    return row.layout if row is not None else None
+    return gptoss_patch.status().layout  # None unless the decision is apply
 
 
 def _live_attribute(target: str) -> tuple[Any, str, Any] | None:
