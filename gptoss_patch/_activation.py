@@ -23,6 +23,11 @@ _versions: environment.Versions | None = None
 _registry: Registry | None = None
 _guard: Registry | None = None
 _hooked: set[str] = set()
+#: Set once the deciding activate() has registered its post-import hooks (after releasing _lock); a later caller
+#: waits for it, so no caller goes on to import vllm-ascend before the hooks are in place.
+_hooks_registered = threading.Event()
+#: Thread id of the activate() call that registers the hooks (it must not wait for itself).
+_registering: int | None = None
 
 #: Decision recorded when GPTOSS_PATCH_DISABLE=1: nothing is patched, the guard stays armed.
 DISABLED = "disabled"
@@ -66,6 +71,38 @@ def vllm_structural_check() -> list[str]:
     return failures
 
 
+def _decide(force: bool | None) -> tuple[environment.Versions, matrix.Decision]:
+    """The versions and the decision, computed *without* :data:`_lock` (it reads metadata and files only).
+
+    Also imports every module the locked part of :func:`activate` and the post-import hooks need, so that
+    nothing is imported while :data:`_lock` is held (see :func:`activate`).
+    """
+    import multiprocessing  # noqa: F401 - evidence._role, logged under the lock
+
+    import wrapt  # noqa: F401
+
+    from gptoss_patch import drift  # noqa: F401 - Registry.on_import
+    from gptoss_patch.patches import all_specs, guard  # noqa: F401
+
+    all_specs()  # imports the capability modules layout_plan() reads
+    versions = environment.installed_versions()
+    try:
+        disabled = _env_flag("GPTOSS_PATCH_DISABLE")
+        if force is None:
+            force = _env_flag("GPTOSS_PATCH_FORCE")
+    except ValueError as exc:  # fail closed: a typo must not leave GPT-OSS unpatched *and* unguarded
+        return versions, matrix.Decision(matrix.REFUSE, f"configuration error: {exc}; nothing is patched")
+    if disabled:
+        return versions, matrix.Decision(DISABLED, "GPTOSS_PATCH_DISABLE=1: no patch is applied (the GPT-OSS guard "
+                                                   "stays armed)")
+    if versions.duplicates:
+        listing = "; ".join(f"{name}: {', '.join(paths)}" for name, paths in versions.duplicates.items())
+        return versions, matrix.Decision(matrix.REFUSE, f"several installations of one distribution ({listing}); "
+                                                        "which one runs is ambiguous: uninstall all but one")
+    return versions, matrix.decide(versions.vllm_ascend, versions.vllm, force=force,
+                                   structural_check=_structural_check)
+
+
 def activate(source: str = "api", force: bool | None = None) -> Status:
     """Decide from the installed versions and, on *apply*, register the post-import hooks.
 
@@ -78,45 +115,49 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
 
     Never raises for bad configuration: a malformed ``GPTOSS_PATCH_DISABLE``/``GPTOSS_PATCH_FORCE`` gives a
     *refuse* decision naming the variable, with the GPT-OSS guard armed.
+
+    Lock order: nothing is imported while :data:`_lock` is held. The decision (and every import it and the
+    hooks need) is made first, without the lock; only recording it takes the lock; the post-import hooks are
+    registered after it is released (wrapt runs a hook at once when its module is already imported). A thread
+    that holds an import lock and waits for :data:`_lock` therefore cannot deadlock with the holder of
+    :data:`_lock` (issue 17).
     """
-    global _decision, _versions
+    global _decision, _versions, _registering
+    decided = _decide(force) if _decision is None else None
+    hooks: list[tuple[Registry, str]] = []
     with _lock:
         _sources.append(source)
-        if _decision is not None:
-            return status()
-        _versions = environment.installed_versions()
-        try:
-            disabled = _env_flag("GPTOSS_PATCH_DISABLE")
-            if force is None:
-                force = _env_flag("GPTOSS_PATCH_FORCE")
-        except ValueError as exc:  # fail closed: a typo must not leave GPT-OSS unpatched *and* unguarded
-            disabled, force = None, False
-            _decision = matrix.Decision(matrix.REFUSE, f"configuration error: {exc}; nothing is patched")
-        if disabled:
-            _decision = matrix.Decision(DISABLED, "GPTOSS_PATCH_DISABLE=1: no patch is applied (the GPT-OSS guard "
-                                                  "stays armed)")
-        elif disabled is not None and _versions.duplicates:
-            listing = "; ".join(f"{name}: {', '.join(paths)}" for name, paths in _versions.duplicates.items())
-            _decision = matrix.Decision(matrix.REFUSE, f"several installations of one distribution ({listing}); "
-                                                       "which one runs is ambiguous: uninstall all but one")
-        elif disabled is not None:
-            _decision = matrix.decide(_versions.vllm_ascend, _versions.vllm, force=force,
-                                      structural_check=_structural_check)
-        if _decision.forced:
-            sys.stderr.write(f"gptoss-patch: WARNING: {_decision.reason}\n")
-        if _decision.verdict == matrix.APPLY and _decision.row is not None:
-            _register(_decision.row)
-        if _versions.vllm_ascend is not None:
-            _arm_guard()  # also on stand-down: it refuses the row's refused capabilities at model build
-        evidence.activation(source, _decision)
+        first = _decision is None
+        if first:
+            if decided is None:  # only after _reset_for_tests() raced with this call
+                decided = _decide(force)
+            _versions, _decision = decided
+            _registering = threading.get_ident()
+            if _decision.forced:
+                sys.stderr.write(f"gptoss-patch: WARNING: {_decision.reason}\n")
+            if _decision.verdict == matrix.APPLY and _decision.row is not None:
+                hooks += _register(_decision.row)
+            if _versions.vllm_ascend is not None:
+                hooks += _arm_guard()  # also on stand-down: it refuses the row's refused capabilities at model build
+            evidence.activation(source, _decision)
+    if not first:
+        if _registering != threading.get_ident():  # the deciding call may still be registering its hooks
+            _hooks_registered.wait()
         return status()
-
-
-def _arm_guard() -> None:
-    """Register the GPT-OSS model guard (see :mod:`gptoss_patch.patches.guard`)."""
-    global _guard
     import wrapt
 
+    try:
+        for registry, module in hooks:
+            wrapt.register_post_import_hook(functools.partial(_hook, registry), module)
+    finally:
+        _hooks_registered.set()
+    return status()
+
+
+def _arm_guard() -> list[tuple[Registry, str]]:
+    """Create the GPT-OSS model guard's registry (see :mod:`gptoss_patch.patches.guard`); returns its hook to
+    register (registry, module)."""
+    global _guard
     from gptoss_patch.patches import guard
     from gptoss_patch.registry import PatchSpec
 
@@ -124,20 +165,21 @@ def _arm_guard() -> None:
                      summary="building GptOssForCausalLM checks that every GPT-OSS patch is applied")
     _guard = Registry([spec], {"guard": guard.TARGET})
     _hooked.add(guard.TARGET_MODULE)
-    wrapt.register_post_import_hook(functools.partial(_hook, _guard), guard.TARGET_MODULE)
+    return [(_guard, guard.TARGET_MODULE)]
 
 
-def _register(row: matrix.Row) -> None:
+def _register(row: matrix.Row) -> list[tuple[Registry, str]]:
+    """Create the registry of ``row``'s layout; returns the post-import hooks to register (registry, module)."""
     global _registry
-    import wrapt
-
     from gptoss_patch.patches import layout_plan
 
     _registry = Registry([spec for spec, _ in layout_plan(row.layout)], matrix.LAYOUTS[row.layout or ""])
     registry = _registry
+    hooks = []
     for module in registry.target_modules():
         _hooked.add(module)
-        wrapt.register_post_import_hook(functools.partial(_hook, registry), module)
+        hooks.append((registry, module))
+    return hooks
 
 
 def _hook(registry: Registry, module) -> None:
@@ -162,10 +204,15 @@ def deactivate() -> Status:
 
 
 def status() -> Status:
-    """Current :class:`gptoss_patch.registry.Status` of this process (no side effects)."""
+    """Current :class:`gptoss_patch.registry.Status` of this process (no side effects).
+
+    Before activation it reads the installed versions, without :data:`_lock` (see :func:`activate`).
+    """
+    versions = environment.installed_versions() if _decision is None else None
     with _lock:
         if _decision is None:
-            versions = environment.installed_versions()
+            if versions is None:  # only after _reset_for_tests() raced with this call
+                versions = environment.installed_versions()
             return Status(False, [], None, "not activated in this process (vllm_ascend has not been imported)",
                           None, False, versions.as_dict(), [])
         patches = [PatchState(**vars(s)) for s in _registry.states.values()] if _registry else []
@@ -194,7 +241,7 @@ def status() -> Status:
 
 def _reset_for_tests() -> None:
     """Forget the decision (patches are removed first). For unit tests only."""
-    global _decision, _versions, _registry, _guard
+    global _decision, _versions, _registry, _guard, _registering
     with _lock:
         if _registry is not None:
             _registry.remove_all()
@@ -202,3 +249,5 @@ def _reset_for_tests() -> None:
             _guard.remove_all()
         _decision = _versions = _registry = _guard = None
         _sources.clear()
+        _hooks_registered.clear()
+        _registering = None

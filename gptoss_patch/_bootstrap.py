@@ -65,13 +65,19 @@ def _flag(name):
 
 
 class _ActivateOnImport:
-    """A :data:`sys.meta_path` finder that never finds anything.
+    """A :data:`sys.meta_path` finder that activates gptoss-patch on the first import of ``vllm_ascend``.
 
-    It watches for the first import of ``vllm_ascend`` and then calls
-    :func:`gptoss_patch.activate` (which registers the post-import hooks on the vllm-ascend
-    modules we patch) *before* the import proceeds. It stays in ``sys.meta_path`` (removing
-    an entry while :mod:`importlib` iterates over that list would make it skip the next
-    finder) and costs one string comparison per later import.
+    It finds nothing itself. For ``vllm_ascend`` it asks the finders after it for the real spec and
+    returns that spec with its loader wrapped in :class:`_ActivatingLoader`, whose ``exec_module``
+    calls :func:`gptoss_patch.activate` (which registers the post-import hooks on the vllm-ascend
+    modules we patch) and then runs the real loader: activation happens before any code of
+    vllm-ascend runs, but *not* inside ``find_spec``, where importlib holds its global import lock
+    (``_ImportLockContext`` in ``importlib._bootstrap._find_spec``). Activating under that lock
+    deadlocked against another thread whose first ``gptoss_patch.activate()``/``status()`` was importing
+    ``gptoss_patch._activation`` (it held that module's lock and waited for the global one).
+
+    It stays in ``sys.meta_path`` (removing an entry while :mod:`importlib` iterates over that list
+    would make it skip the next finder) and costs one string comparison per later import.
     """
 
     def __init__(self):
@@ -80,6 +86,37 @@ class _ActivateOnImport:
     def find_spec(self, fullname, path=None, target=None):  # noqa: D102 - importlib protocol
         if self.fired or fullname != "vllm_ascend":
             return None
+        try:
+            spec = self._next_spec(fullname, path, target)
+            loader = getattr(spec, "loader", None)
+            if loader is None:  # not found (importlib reports it) or a namespace portion without a loader
+                return None
+            if not hasattr(loader, "exec_module"):  # a legacy loader: activate here, as before (rare)
+                self.activate()
+                return None
+            spec.loader = _ActivatingLoader(self, loader)
+            return spec
+        except BaseException as exc:  # noqa: BLE001 - must never break the user's import
+            _report(exc)
+            return None
+
+    def _next_spec(self, fullname, path, target):
+        """The spec the finders after this one in :data:`sys.meta_path` give (None if none does)."""
+        after = False
+        for finder in list(sys.meta_path):
+            if finder is self:
+                after = True
+            elif after:
+                find = getattr(finder, "find_spec", None)
+                spec = find(fullname, path, target) if find is not None else None
+                if spec is not None:
+                    return spec
+        return None
+
+    def activate(self):
+        """Call :func:`gptoss_patch.activate` once (source ``import-hook``); never raises."""
+        if self.fired:
+            return
         self.fired = True
         try:
             import gptoss_patch
@@ -87,13 +124,47 @@ class _ActivateOnImport:
             gptoss_patch.activate(source="import-hook")
         except BaseException as exc:  # noqa: BLE001 - must never break the user's import
             _report(exc)
-        return None
 
     def invalidate_caches(self):  # noqa: D102 - importlib protocol
         pass
 
     def __repr__(self):
         return "<gptoss-patch activate-on-import finder fired=%s>" % self.fired
+
+
+class _ActivatingLoader:
+    """Wraps the real loader of ``vllm_ascend``: ``exec_module`` activates gptoss-patch, then delegates.
+
+    Runs under the module's own import lock only. Before activating it puts the real loader back on
+    the module (``__loader__``, ``__spec__.loader``), so nothing keeps a reference to this wrapper.
+    Other attributes (``get_code``, ``get_resource_reader``, ...) are the real loader's.
+    """
+
+    def __init__(self, finder, loader):
+        self._finder = finder
+        self._loader = loader
+
+    def create_module(self, spec):  # noqa: D102 - importlib protocol
+        create = getattr(self._loader, "create_module", None)
+        return create(spec) if create is not None else None
+
+    def exec_module(self, module):  # noqa: D102 - importlib protocol
+        loader = self._loader
+        try:
+            if getattr(module, "__loader__", None) is self:
+                module.__loader__ = loader
+            spec = getattr(module, "__spec__", None)
+            if spec is not None and spec.loader is self:
+                spec.loader = loader
+        except BaseException as exc:  # noqa: BLE001 - must never break the user's import
+            _report(exc)
+        self._finder.activate()
+        loader.exec_module(module)
+
+    def __getattr__(self, name):
+        if name.startswith("__") or name in ("_loader", "_finder"):
+            raise AttributeError(name)
+        return getattr(self._loader, name)
 
 
 class _SimulatedNPUFinder:

@@ -1,6 +1,9 @@
 """The .pth start-up hook: costs nothing, never breaks start-up, honours GPTOSS_PATCH_DISABLE, fires on vllm_ascend."""
 
+import json
 import subprocess
+
+import pytest
 
 from conftest import clean_env
 
@@ -116,3 +119,105 @@ def test_activation_failure_inside_the_hook_does_not_break_the_import(bare_site,
                           text=True, env=clean_env(PYTHONPATH=str(tmp_path / "src")), timeout=60)
     assert proc.returncode == 0 and proc.stdout == "7\n"
     assert len(proc.stderr.splitlines()) == 1 and "activation module broken" in proc.stderr
+
+
+# --- start-up deadlock (issue 17): the first `import vllm_ascend` racing the first activate()/status() --------------
+
+_RACE = """
+import json, sys, threading
+{preamble}
+import gptoss_patch
+barrier = threading.Barrier(3)
+errors = []
+def run(fn):
+    def target():
+        barrier.wait()
+        try:
+            fn()
+        except BaseException as exc:
+            errors.append(repr(exc))
+    return threading.Thread(target=target, daemon=True)
+def importer():
+    import vllm_ascend
+threads = [run(importer), run(lambda: gptoss_patch.activate(source="thread")), run(gptoss_patch.status)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+s = gptoss_patch.status()
+print(json.dumps([s.activated, sorted(s.sources), s.decision, errors]))
+"""
+
+
+def _fake_stack(tmp_path, version="0.11.0"):
+    """A real vllm_ascend package dir plus vllm / vllm-ascend dist-info METADATA (as pip writes it), on PYTHONPATH."""
+    src = tmp_path / "src"
+    (src / "vllm_ascend").mkdir(parents=True)
+    (src / "vllm_ascend" / "__init__.py").write_text("import gptoss_patch\nACTIVE = gptoss_patch.status().activated\n")
+    for name in ("vllm", "vllm-ascend"):
+        info = src / f"{name.replace('-', '_')}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    return _deps_path(tmp_path)
+
+
+@pytest.mark.parametrize("preamble", ["", "import gptoss_patch._activation"],
+                         ids=["activation-module-not-imported", "activation-module-imported"])
+def test_first_import_racing_first_activate_never_hangs(bare_site, tmp_path, preamble):
+    """20 fresh interpreters, each: one thread imports vllm_ascend (the .pth finder activates), one calls
+    gptoss_patch.activate(), one status(), released together. Before the fix every round hung: the finder ran
+    activate() inside importlib's find_spec (under the global import lock) while the other thread, importing
+    gptoss_patch._activation (or, with it imported, holding our lock and importing lazily), waited for that lock."""
+    py, _ = bare_site
+    path = _fake_stack(tmp_path)
+    code = _RACE.format(preamble=preamble)
+    for round_ in range(20):
+        try:
+            proc = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=30,
+                                  env=clean_env(PYTHONPATH=path))
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"round {round_}: deadlock - the interpreter hung for 30 s")
+        assert proc.returncode == 0, proc.stderr
+        activated, sources, decision, errors = json.loads(proc.stdout)
+        assert activated and sources == ["import-hook", "thread"] and decision == "apply" and errors == [], proc.stdout
+
+
+def test_activation_imports_nothing_while_holding_its_lock(bare_site, tmp_path):
+    """Deterministic form of the rule behind the race above: a meta-path finder placed first records every import
+    (importlib asks finders under its global lock) made while gptoss_patch._activation._lock is held."""
+    py, _ = bare_site
+    path = _fake_stack(tmp_path, version="0.11.0rc1")  # an untested row: the structural check runs as well
+    code = """
+import json, sys
+class Recorder:
+    seen = []
+    def find_spec(self, name, path=None, target=None):
+        act = sys.modules.get("gptoss_patch._activation")
+        lock = getattr(act, "_lock", None)
+        if lock is not None and lock._is_owned():
+            self.seen.append(name)
+        return None
+sys.meta_path.insert(0, Recorder())
+import gptoss_patch
+gptoss_patch.status()
+gptoss_patch.activate(source="test")
+import vllm_ascend
+gptoss_patch.status()
+print(json.dumps([Recorder.seen, vllm_ascend.ACTIVE, gptoss_patch.status().decision]))
+"""
+    proc = subprocess.run([str(py), "-c", code], capture_output=True, text=True, timeout=60,
+                          env=clean_env(PYTHONPATH=path))
+    assert proc.returncode == 0, proc.stderr
+    seen, active, decision = json.loads(proc.stdout)
+    assert seen == [] and active and decision in ("apply", "refuse"), proc.stdout
+
+
+def test_vllm_ascend_keeps_its_own_loader_and_activates_before_its_code_runs(bare_site, tmp_path):
+    py, _ = bare_site
+    path = _fake_stack(tmp_path)
+    code = ("import json, vllm_ascend, importlib.util; "
+            "print(json.dumps([vllm_ascend.ACTIVE, type(vllm_ascend.__loader__).__name__, "
+            "type(vllm_ascend.__spec__.loader).__name__]))")
+    proc = run(py, code, PYTHONPATH=path)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == [True, "SourceFileLoader", "SourceFileLoader"]
