@@ -73,6 +73,32 @@ def test_fault_inside_the_bootstrap_never_breaks_start_up(bare_site):
     assert len(lines) == 1 and "injected fault" in lines[0] and lines[0].startswith("gptoss-patch:")
 
 
+def _imported_at_start_up(py):
+    proc = subprocess.run([str(py), "-X", "importtime", "-c", "pass"], capture_output=True, text=True,
+                          env=clean_env(), timeout=60)
+    return {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("leftover", [False, True], ids=["package-gone", "stray-directory-left"])
+def test_orphaned_pth_is_silent_and_imports_nothing(bare_site, leftover):
+    """gptoss_patch.pth left in site-packages without the package (issue 17): no traceback in every python run,
+    and the line costs no extra import (the package's absence is learnt from the failing import itself)."""
+    import shutil
+
+    py, site = bare_site
+    lines = (site / "gptoss_patch.pth").read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("import ")  # site.py executes only lines starting with import
+    shutil.rmtree(site / "gptoss_patch")
+    if leftover:  # e.g. files pip did not record: the directory then imports as a namespace package
+        (site / "gptoss_patch").mkdir()
+        (site / "gptoss_patch" / "notes.txt").write_text("left behind\n")
+    proc = run(py, "print(1)")
+    assert proc.returncode == 0 and proc.stdout == "1\n" and proc.stderr == ""
+    with_pth = _imported_at_start_up(py)
+    (site / "gptoss_patch.pth").unlink()
+    assert with_pth - _imported_at_start_up(py) <= {"gptoss_patch", "gptoss_patch._bootstrap"}  # the attempts
+
+
 def test_bad_environment_value_is_one_line_naming_the_variable(bare_site):
     py, _ = bare_site
     proc = run(py, "print(1)", GPTOSS_PATCH_DISABLE="maybe")
