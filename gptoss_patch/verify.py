@@ -11,6 +11,8 @@ Usage::
                                   [--model DIR [--tensor-parallel-size N]]
     python -m gptoss_patch.verify --server URL [--model SERVED_NAME] [--json]
 
+``--matrix --json`` prints :func:`matrix_json` (typed values: ``tested`` is a boolean).
+
 Exit status: 0 when the stack is covered (decision *apply* with every patch applied, or
 *stand-down*) and every check passed; 1 when something is wrong (including vllm-ascend not
 installed); 2 on a usage error.
@@ -347,6 +349,33 @@ def _print_matrix() -> None:
         print("  ".join(r[c].ljust(widths[c]) for c in cols[:-1]) + "  " + r["note"])
 
 
+def matrix_json() -> dict[str, Any]:
+    """The version matrix for machines (``--matrix --json``): typed values, not the table's display strings.
+
+    Returns ``{"rows": [...], "newer_releases": {...}}``. Each row (from :data:`gptoss_patch.matrix.ROWS`, oldest
+    first): ``vllm_ascend``, ``vllm`` (None when unpaired), ``torch``, ``torch_npu``, ``cann`` (str), ``verdict``
+    (``apply`` / ``stand-down`` / ``refuse``), ``layout`` (str or None), ``tested`` (bool: a nox cell runs the suite
+    against the release's wheels), ``cell`` (that cell's name or None), ``patched`` (bool: verdict *apply*),
+    ``covered`` (bool: *apply* or *stand-down*), ``capabilities`` (name -> ``{"state", "note"}``, state one of
+    ``native`` / ``patched`` / ``deviates`` / ``refused``) and ``note``. ``newer_releases`` is what any release after
+    the newest row gets (``after``, ``verdict`` *refuse*, ``tested`` False, ``note``).
+    """
+    from gptoss_patch import matrix
+
+    rows = []
+    for r in sorted(matrix.ROWS, key=lambda r: r.version):
+        rows.append({"vllm_ascend": r.vllm_ascend, "vllm": r.vllm, "torch": r.torch, "torch_npu": r.torch_npu,
+                     "cann": r.cann, "verdict": r.verdict, "layout": r.layout, "tested": bool(r.tested),
+                     "cell": f"cell-{r.vllm_ascend}" if r.tested else None,
+                     "patched": r.verdict == matrix.APPLY, "covered": r.verdict in (matrix.APPLY, matrix.STAND_DOWN),
+                     "capabilities": {name: {"state": cap.state, "note": cap.note} for name, cap in r.caps.items()},
+                     "note": r.note})
+    newer = matrix.table()[-1]
+    return {"rows": rows, "newer_releases": {"after": matrix.newest_row(matrix.ROWS).vllm_ascend,
+                                             "verdict": matrix.REFUSE, "tested": False, "patched": False,
+                                             "covered": False, "note": newer["note"]}}
+
+
 def _positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (tensor-parallel sizes)."""
     try:
@@ -367,18 +396,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--matrix", action="store_true", help="print the version matrix and exit")
     ap.add_argument("--no-children", action="store_true", help="skip the fresh-interpreter and spawn checks")
     ap.add_argument("--model", metavar="DIR", help="a GPT-OSS checkpoint directory: report what it needs (config.json)")
-    ap.add_argument("--tensor-parallel-size", type=_positive_int, default=1, metavar="N",
-                    help="with --model (default 1)")
+    ap.add_argument("--tensor-parallel-size", type=_positive_int, default=None, metavar="N",
+                    help="with --model DIR (default 1)")
     _add_server_arguments(ap)  # operations kit (issue 9)
     try:
         args = ap.parse_args(argv)
     except SystemExit as exc:
         return 2 if exc.code else 0
+    usage_error = None
+    if args.server and args.matrix:
+        usage_error = "--server and --matrix cannot be combined: --matrix prints the version matrix of this " \
+                      "package, --server probes a running server"
+    elif args.tensor_parallel_size is not None and args.server:
+        usage_error = "--tensor-parallel-size applies to a local checkpoint (--model DIR), not to --server"
+    elif args.tensor_parallel_size is not None and not args.model:
+        usage_error = "--tensor-parallel-size needs --model DIR (the checkpoint whose split it checks)"
+    if usage_error:
+        ap.print_usage(sys.stderr)
+        print(f"{ap.prog}: error: {usage_error}", file=sys.stderr)
+        return 2
+    if args.tensor_parallel_size is None:
+        args.tensor_parallel_size = 1
     if args.matrix:
         if args.json:
-            from gptoss_patch import matrix
-
-            print(json.dumps(matrix.table(), indent=2))
+            print(json.dumps(matrix_json(), indent=2))
         else:
             _print_matrix()
         return 0
