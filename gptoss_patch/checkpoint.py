@@ -35,7 +35,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["CheckReport", "expected_tensors", "check_checkpoint", "main", "BF16_RELEASES"]
+__all__ = ["CheckReport", "expected_tensors", "check_checkpoint", "mismatched_shapes", "main", "BF16_RELEASES"]
 
 #: Where to get weights vllm-ascend can run, by ``num_hidden_layers`` of the official configs (24 / 36).
 BF16_RELEASES = {24: "unsloth/gpt-oss-20b-BF16", 36: "unsloth/gpt-oss-120b-BF16"}
@@ -287,7 +287,7 @@ def check_checkpoint(directory, tp: int = 1) -> CheckReport:
                                f"(expected shape {list(expected[key])})")
     if len(missing) > _LIST_LIMIT:
         report.problems.append(f"{directory}: {len(missing) - _LIST_LIMIT} more expected tensors missing")
-    wrong = [k for k in expected if k in found and found[k][1] != expected[k]]
+    wrong = _mismatched(expected, found)
     for key in wrong[:_LIST_LIMIT]:
         report.problems.append(f"{directory / found[key][0]}: tensor {key} has shape {list(found[key][1])}, expected "
                                f"{list(expected[key])}" + _shape_hint(key, found[key][1], expected[key]))
@@ -302,6 +302,54 @@ def check_checkpoint(directory, tp: int = 1) -> CheckReport:
     report.facts["tensors"] = f"{len(found)} in {len({f for f, _, _ in found.values()})} file(s), " \
                               f"{sum(math.prod(s) for _, s, _ in found.values()) / 1e9:.3g} G elements"
     return report
+
+
+def _mismatched(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[str, tuple[int, ...], str]]) -> list[str]:
+    """Names of the tensors present in ``found`` (from :func:`_read_headers`) whose shape is not ``expected``'s, in
+    the order of ``expected``."""
+    return [k for k in expected if k in found and found[k][1] != expected[k]]
+
+
+def mismatched_shapes(directory) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
+    """The tensors of the GPT-OSS checkpoint in ``directory`` whose shape differs from what its config implies.
+
+    Reads ``config.json``, ``model.safetensors.index.json`` (if any) and the safetensors *headers* only (no tensor
+    data), and compares exactly as :func:`check_checkpoint` does (the expected shapes of :func:`expected_tensors`,
+    the layout transformers' ``GptOssForCausalLM`` saves). Missing tensors, unreadable or missing shards and the
+    other checks of :func:`check_checkpoint` are not reported here (tensors of an unreadable shard are not compared).
+
+    Args:
+        directory: the checkpoint directory (str or path).
+
+    Returns:
+        ``[(name, shape, expected)]`` with ``shape``/``expected`` tuples of ints, in the order of
+        :func:`expected_tensors` (layer by layer); empty when every present tensor has its expected shape.
+        E.g. ``[("model.layers.0.self_attn.sinks", (8, 1), (8,))]``.
+
+    Raises:
+        FileNotFoundError: no ``directory/config.json``.
+        ValueError: ``config.json`` is not a JSON object, or lacks (or has non-positive-int) geometry keys
+            (``hidden_size``, ``intermediate_size``, ``num_hidden_layers``, ``num_attention_heads``,
+            ``num_key_value_heads``, ``num_local_experts``, ``vocab_size``); the message names the file.
+        ImportError: the ``safetensors`` package is missing.
+    """
+    directory = Path(directory)
+    config_path = directory / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except ValueError as exc:
+        raise ValueError(f"{config_path}: not valid JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path}: top level is not an object")
+    bad = [k for k in _REQUIRED_CONFIG if not isinstance(config.get(k), int) or config.get(k) < 1]
+    if bad:
+        raise ValueError(f"{config_path}: missing or non-positive {', '.join(bad)}")
+    expected = expected_tensors(config)
+    headers = _read_headers(directory, CheckReport(directory=str(directory), tp=1))
+    if headers is None:
+        return []
+    found = headers[0]
+    return [(k, found[k][1], expected[k]) for k in _mismatched(expected, found)]
 
 
 def _guess_file(found: dict) -> str:

@@ -226,3 +226,29 @@ def test_verify_model_includes_the_checkpoint_report(tiny, tmp_path):
     problem = (f"checkpoint: {bad / 'model.safetensors'}: tensor model.layers.0.mlp.router.bias missing "
                "(expected shape [8])")
     assert problem in report["problems"] and not report["ok"]
+
+
+def test_mismatched_shapes_reads_the_headers_only(tiny, tmp_path):
+    """The function the guard calls before vLLM loads (issue 17): the same comparison as check_checkpoint."""
+    from gptoss_patch.checkpoint import mismatched_shapes
+
+    assert mismatched_shapes(tiny) == []
+    bad = copy(tiny, tmp_path)
+    name = "model.layers.0.self_attn.sinks"
+    rewrite(bad / "model.safetensors", lambda t: t.__setitem__(name, t[name].reshape(8, 1).contiguous()))
+    assert mismatched_shapes(str(bad)) == [(name, (8, 1), (8,))]
+    assert check_checkpoint(bad).problems == [f"{bad / 'model.safetensors'}: tensor {name} has shape [8, 1], "
+                                              "expected [8]"]
+    rewrite(bad / "model.safetensors", lambda t: t.pop("model.layers.1.mlp.router.bias"))  # missing: not a shape
+    assert mismatched_shapes(bad) == [(name, (8, 1), (8,))]
+
+
+def test_mismatched_shapes_sharded_and_errors(sharded, tmp_path):
+    from gptoss_patch.checkpoint import mismatched_shapes
+
+    assert mismatched_shapes(sharded) == []
+    with pytest.raises(FileNotFoundError):
+        mismatched_shapes(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_oss", "hidden_size": 64}))
+    with pytest.raises(ValueError, match=r"config.json: missing or non-positive intermediate_size"):
+        mismatched_shapes(tmp_path)
