@@ -86,6 +86,40 @@ VLLM_013_IMPORT_DEPS = [*_NO_FASTAPI_015, *_OLD_FASTAPI, "transformers>=4.57.4,<
 VLLM_014_IMPORT_DEPS = [*_NO_FASTAPI_015, *_OLD_FASTAPI, "transformers>=4.57.4,<5", "compressed-tensors==0.13.0",
                         "grpcio", "grpcio-reflection"]
 
+def _repin(base: list[str], *pins: str) -> list[str]:
+    """``base`` with every entry whose distribution name (case, ``-``/``_`` and extras ignored) is one of ``pins``'
+    replaced by that pin, and the other ``pins`` appended."""
+    import re
+
+    def name(req: str) -> str:
+        return re.split(r"[<>=!\[ ;]", req, maxsplit=1)[0].lower().replace("_", "-")
+
+    names = {name(p) for p in pins}
+    return [d for d in base if name(d) not in names] + list(pins)
+
+
+#: vllm-ascend 0.16.0rc1 - 0.19.1rc1 (native GPT-OSS) with vLLM 0.16.0 - 0.19.1: the 0.15 list with the pins of
+#: each pair's METADATA. Every vllm-ascend of these (0.15.0rc1 too) pins fastapi < 0.124 (and so needs a
+#: prometheus-fastapi-instrumentator that accepts its starlette); vLLM 0.16+ excludes protobuf 6.30-6.33.4 and
+#: needs aiohttp >= 3.13.3; mistral_common floors 1.9.0 (vLLM 0.16), 1.9.1 (0.17), 1.10.0 (0.18, 0.19.1); openai
+#: < 2.25 (vLLM 0.17/0.18) or >= 2 (0.19.1); compressed-tensors 0.13.0 (0.16-0.18) or 0.15.0.1 (0.19.1);
+#: vllm-ascend 0.19.1rc1 pins transformers 5.5.3 (vLLM 0.19.1 excludes 5.0-5.5.0). vLLM 0.17+ lists the
+#: opentelemetry packages as plain requirements (imported by vllm.tracing). xgrammar goes in ``no_deps`` as for
+#: 0.15 (0.1.29 for vLLM 0.16/0.17; the lowest of ``>=0.1.32,<1`` for 0.18/0.19.1).
+_NATIVE_COMMON = _repin(VLLM_015_IMPORT_DEPS, *_OLD_FASTAPI, "aiohttp>=3.13.3",
+                        "protobuf>=5.29.6,!=6.30.*,!=6.31.*,!=6.32.*,!=6.33.0.*,!=6.33.1.*,!=6.33.2.*,!=6.33.3.*,"
+                        "!=6.33.4.*")
+_OTEL = ["opentelemetry-sdk>=1.27.0", "opentelemetry-api>=1.27.0", "opentelemetry-exporter-otlp>=1.27.0",
+         "opentelemetry-semantic-conventions-ai>=0.4.1"]
+VLLM_016_IMPORT_DEPS = _repin(_NATIVE_COMMON, "mistral_common>=1.9.0")
+VLLM_017_IMPORT_DEPS = _repin(_NATIVE_COMMON, "mistral_common>=1.9.1", "openai>=1.99.1,<2.25.0", *_OTEL)
+VLLM_018_IMPORT_DEPS = _repin(_NATIVE_COMMON, "mistral_common>=1.10.0", "openai>=1.99.1,<2.25.0", *_OTEL)
+VLLM_019_IMPORT_DEPS = _repin(_NATIVE_COMMON, "mistral_common>=1.10.0", "openai>=2.0.0", *_OTEL,
+                              "compressed-tensors==0.15.0.1", "transformers==5.5.3")
+
+#: The calibration suite of a natively supporting release (stand-down rows and layout G).
+_NATIVE_SUITE = {"tests": ["tests/cell/native_015"]}
+
 #: The suite of a patched release (tests/cell without the calibration suite).
 _PATCHED_SUITE = {"tests": ["tests/cell", "--ignore=tests/cell/native_015"]}
 
@@ -107,6 +141,14 @@ CELLS: dict[str, dict[str, list[str]]] = {
                   "deps": VLLM_014_IMPORT_DEPS, **_PATCHED_SUITE},
     "0.15.0rc1": {"no_deps": ["vllm==0.15.0", "vllm-ascend==0.15.0rc1", "xgrammar==0.1.29"],
                   "deps": VLLM_015_IMPORT_DEPS, "tests": ["tests/cell/native_015"]},
+    "0.16.0rc1": {"no_deps": ["vllm==0.16.0", "vllm-ascend==0.16.0rc1", "xgrammar==0.1.29"],
+                  "deps": VLLM_016_IMPORT_DEPS, **_NATIVE_SUITE},
+    "0.17.0rc1": {"no_deps": ["vllm==0.17.0", "vllm-ascend==0.17.0rc1", "xgrammar==0.1.29"],
+                  "deps": VLLM_017_IMPORT_DEPS, **_NATIVE_SUITE},
+    "0.18.0": {"no_deps": ["vllm==0.18.0", "vllm-ascend==0.18.0", "xgrammar==0.1.32"],
+               "deps": VLLM_018_IMPORT_DEPS, **_NATIVE_SUITE},
+    "0.19.1rc1": {"no_deps": ["vllm==0.19.1", "vllm-ascend==0.19.1rc1", "xgrammar==0.1.32"],
+                  "deps": VLLM_019_IMPORT_DEPS, **_NATIVE_SUITE},
 }
 
 #: Host-only unit tests: no vllm. fastapi/uvicorn/openai/pydantic/accelerate: transformers' own OpenAI-style

@@ -1,20 +1,24 @@
-"""Harness of the 0.15.0rc1 calibration cell: vLLM 0.15.0 + vllm-ascend 0.15.0rc1 (native GPT-OSS) on the simulator.
+"""Harness of the native calibration cells: vllm-ascend with native GPT-OSS (0.15.0rc1, 0.16.0rc1, 0.17.0rc1, 0.18.0,
+0.19.1rc1, each with its paired vLLM 0.15.0 / 0.16.0 / 0.17.0 / 0.18.0 / 0.19.1) on the simulator.
 
-vllm-ascend >= 0.15.0rc1 runs GPT-OSS without our patches and was validated on hardware (commit 7221045777,
-PR #5901; ``shared/reference/upstream_targets.md`` §7). Running *its* code on the CPU NPU simulator and
-comparing with Hugging Face transformers calibrates the simulator. This module builds what that needs,
-the way vLLM and vllm-ascend 0.15 do at run time:
+vllm-ascend >= 0.15.0rc1 runs GPT-OSS without our attention patches and was validated on hardware (commit
+7221045777, PR #5901; ``shared/reference/upstream_targets.md`` §7). Running *its* code on the CPU NPU simulator and
+comparing with Hugging Face transformers calibrates the simulator and shows what each release computes. This module
+builds what that needs, the way vLLM and vllm-ascend do at run time. It branches on what the installed code has
+(``hasattr`` on vLLM's ``ForwardContext``), never on version strings, except for :data:`WORKER_PATCHES_APPLIED`,
+a per-release record keyed by the installed vllm-ascend (:func:`installed_release`):
 
 * :func:`vllm_context` - a real ``VllmConfig`` for a tiny GPT-OSS checkpoint and the worker-side start-up of
   ``vllm_ascend/worker/worker.py`` (``NPUWorker.__init__`` and ``_init_worker_distributed_environment``),
   once per process.
 * :func:`build_case` - one attention batch: paged KV cache, new q/k/v, and the :class:`AscendMetadata` made
-  by 0.15's own ``AscendAttentionMetadataBuilder.build`` from an ``AscendCommonAttentionMetadata`` (the
-  0.15 builder makes its own masks: ``attn_mask`` = 2048² int8 causal template, ``swa_mask`` = 2048² bool
-  band, ``attention/attention_mask.py``). The attention state follows 0.15's
-  ``NPUModelRunner._build_attn_state``. KV block 0 is kept as vLLM's null block (all zeros, never assigned),
-  so tests can apply block tables from vLLM's ``SlidingWindowManager``.
-* :func:`make_impl`, :func:`run_native_forward` - 0.15's ``AscendAttentionBackendImpl`` built with the
+  by the release's own ``AscendAttentionMetadataBuilder.build`` from an ``AscendCommonAttentionMetadata`` (the
+  builder makes its own masks: ``attn_mask`` = 2048² int8 causal template and, up to 0.18.0, ``swa_mask`` = 2048²
+  bool band, ``attention/attention_mask.py``; 0.19.1rc1 has no ``swa_mask``, PR #8387). The attention state follows
+  ``NPUModelRunner._build_attn_state`` (the same rule, without speculative decoding, in every native release).
+  KV block 0 is kept as vLLM's null block (all zeros, never assigned), so tests can apply block tables from vLLM's
+  ``SlidingWindowManager``.
+* :func:`make_impl`, :func:`run_native_forward` - the release's ``AscendAttentionBackendImpl`` built with the
   arguments vLLM's ``Attention.__init__`` passes (``sinks=`` as an extra impl argument), and its eager
   ``forward`` inside ``set_ascend_forward_context``.
 * :func:`load_native_model` - the whole tiny model through vLLM's model loader (``get_model``), so the MoE
@@ -22,18 +26,15 @@ the way vLLM and vllm-ascend 0.15 do at run time:
   ``register_ascend_customop`` and whose weights came through ``GptOssModel._load_weights_other``.
 
 The transformers references are :func:`gptoss_patch.testing.attention_case.reference_output` (attention)
-and ``GptOssForCausalLM.from_pretrained`` on the same checkpoint (MoE).
+and :func:`load_reference_model` (``GptOssForCausalLM.from_pretrained`` on the same checkpoint; MoE).
 
 What cannot run here, and why (each checked by :func:`vllm_context`):
 
-* ``adapt_patch()`` (the worker patches) imports ``vllm.transformers_utils.processors``, which imports
-  ``torchvision``; no torchvision imports beside the cell's CPU torch 2.13 (machine notes). (It is the only
-  failing import; the import-time dependencies the cell installs are listed in noxfile.py.) The worker
-  patch package then stops at ``patch_huanyuan_vl``: the nine patch modules listed before it are applied,
-  the four from ``patch_huanyuan_vl`` on (HunYuan-VL processor, routed-experts capturer - used only with
-  ``enable_return_routed_experts`` -, Triton NPU-graph, Kimi-K2.5) are not; none is on GPT-OSS's eager
-  attention or MoE path. :data:`WORKER_PATCHES_APPLIED` lists the applied ones and :func:`vllm_context`
-  asserts exactly that set.
+* ``adapt_patch()`` (the worker patches) stops at the first worker patch module whose import chain reaches
+  ``torchvision`` (vLLM's multimodal model / processor modules); no torchvision imports beside the cell's CPU torch
+  2.13 (machine notes). (It is the only failing import; the import-time dependencies each cell installs are listed
+  in noxfile.py.) Where it stops differs per release (:data:`WORKER_PATCHES_APPLIED`); none of the modules not
+  applied is on GPT-OSS's eager attention or MoE path, and :func:`vllm_context` asserts exactly the recorded set.
 * ``_register_atb_extensions()`` loads vllm-ascend's compiled ATB library; the simulator provides the
   operators instead.
 * ``NPUModelRunner`` is not built (its module imports ``numba``); of its ``__init__`` only
@@ -52,21 +53,47 @@ import torch
 
 from gptoss_patch.testing.attention_case import Case
 
-#: The worker patch modules of vllm-ascend 0.15.0rc1 (``vllm_ascend/patch/worker/__init__.py``, in order)
-#: that get applied here before the package import stops at ``patch_huanyuan_vl`` (torchvision).
-WORKER_PATCHES_APPLIED = (
-    "vllm_ascend.patch.worker.patch_unquantized_gemm",
-    "vllm_ascend.patch.worker.patch_bert",
-    "vllm_ascend.patch.worker.patch_distributed",
-    "vllm_ascend.patch.worker.patch_multimodal_merge",
-    "vllm_ascend.patch.worker.patch_qwen3_next",
-    "vllm_ascend.patch.worker.patch_qwen3_next_mtp",
-    "vllm_ascend.patch.worker.patch_rejection_sampler",
-    "vllm_ascend.patch.worker.patch_v2_eagle",
-    "vllm_ascend.patch.worker.patch_v2_uva",
-)
+_WP = "vllm_ascend.patch.worker."
+_WP_015 = tuple(_WP + m for m in ("patch_unquantized_gemm", "patch_bert", "patch_distributed", "patch_multimodal_merge",
+                                  "patch_qwen3_next", "patch_qwen3_next_mtp", "patch_rejection_sampler",
+                                  "patch_v2_eagle", "patch_v2_uva"))
 
-BLOCK_SIZE = 128  # AscendAttentionBackend.get_supported_kernel_block_sizes() in 0.15.0rc1
+#: Per vllm-ascend release: the worker patch modules (``vllm_ascend/patch/worker/__init__.py``, in import order)
+#: that get applied here before the package import stops at the first module whose import chain needs
+#: ``torchvision``. Where it stops: 0.15.0rc1 / 0.16.0rc1 at ``patch_huanyuan_vl``; 0.17.0rc1 and 0.19.1rc1 at
+#: ``patch_qwen3_5`` (vllm ``models/qwen3_5`` -> ``qwen3_vl`` -> ``qwen2_5_vl`` / transformers' qwen2_vl
+#: processors); 0.18.0 at ``patch_qwen3_next`` (same chain through ``patch_qwen3_5``). None of the modules not
+#: applied is on GPT-OSS's eager attention or MoE path (they patch other models, speculative decoding, the
+#: routed-experts capturer, Triton, vLLM's CUDA-graph dispatcher, the model runner v2). 0.18.0+ also import
+#: ``patch_weight_utils`` (a builtins ``__import__`` hook for DeepSeek weight names) and 0.19.1rc1
+#: ``_hccl_pg_registry`` (from ``patch_distributed``); 0.19.1rc1 no longer has ``patch_unquantized_gemm``.
+WORKER_PATCHES_APPLIED: dict[str, tuple[str, ...]] = {
+    "0.15.0rc1": _WP_015,
+    "0.16.0rc1": _WP_015,
+    "0.17.0rc1": tuple(_WP + m for m in (
+        "patch_unquantized_gemm", "patch_bert", "patch_distributed", "patch_minimax_m2",
+        "patch_minimax_m2_linear_attn", "patch_mamba_utils", "patch_multimodal_merge", "patch_qwen3_next",
+        "patch_qwen3_next_mtp")),
+    "0.18.0": tuple(_WP + m for m in (
+        "patch_weight_utils", "patch_unquantized_gemm", "patch_bert", "patch_distributed", "patch_minimax_m2",
+        "patch_minimax_m2_linear_attn", "patch_mamba_utils", "patch_multimodal_merge", "patch_gdn_attn")),
+    "0.19.1rc1": tuple(_WP + m for m in (
+        "patch_weight_utils", "patch_bert", "_hccl_pg_registry", "patch_distributed", "patch_minimax_m2",
+        "patch_minimax_m2_linear_attn", "patch_mamba_utils", "patch_multimodal_merge", "patch_qwen3_next_mtp")),
+}
+
+
+def installed_release() -> str:
+    """The installed vllm-ascend's public version (``importlib.metadata``; local label dropped), e.g.
+    ``"0.18.0"``: the key of the per-release tables of this module."""
+    from importlib.metadata import version
+
+    from packaging.version import Version
+
+    return Version(version("vllm-ascend")).public
+
+
+BLOCK_SIZE = 128  # AscendAttentionBackend.get_supported_kernel_block_sizes() in 0.15.0rc1 ... 0.19.1rc1
 NULL_BLOCK = 0  # vllm/v1/core/block_pool.py: BlockPool.null_block is block 0
 
 _lock = threading.Lock()
@@ -88,10 +115,11 @@ def vllm_context(ckpt_dir: str | None = None, dtype: str = "float32"):
         with a different ``dtype`` raises ``RuntimeError``.
 
     Raises:
-        RuntimeError: the worker patches applied differ from :data:`WORKER_PATCHES_APPLIED`, or ``adapt_patch``
-            failed for another reason than the missing ``torchvision``.
+        RuntimeError: the worker patches applied differ from :data:`WORKER_PATCHES_APPLIED` of the installed
+            release (or the release has no record there), or ``adapt_patch`` failed for another reason than the
+            missing ``torchvision``.
 
-    Sources: vllm_ascend 0.15.0rc1 ``worker/worker.py`` (``NPUWorker.__init__``: ``adapt_patch``,
+    Sources: vllm_ascend 0.15.0rc1 ... 0.19.1rc1 ``worker/worker.py`` (``NPUWorker.__init__``: ``adapt_patch``,
     ``ops.register_dummy_fusion_op``, ``register_ascend_customop``, ``init_ascend_config``,
     ``check_ascend_device_type``; ``_init_worker_distributed_environment``: ``init_distributed_environment``,
     ``ensure_model_parallel_initialized(tp, pp, pcp, dcp)``, ``init_ascend_model_parallel``).
@@ -133,9 +161,14 @@ def vllm_context(ckpt_dir: str | None = None, dtype: str = "float32"):
                     raise RuntimeError(f"vllm-ascend adapt_patch() failed: {exc}") from exc
             import sys
 
-            applied = tuple(m for m in WORKER_PATCHES_APPLIED if m in sys.modules)
-            if applied != WORKER_PATCHES_APPLIED:
-                raise RuntimeError(f"expected worker patches {WORKER_PATCHES_APPLIED} to be applied, got {applied}")
+            release = installed_release()
+            if release not in WORKER_PATCHES_APPLIED:
+                raise RuntimeError(f"no worker-patch record for vllm-ascend {release}: add it to "
+                                   "native_015.WORKER_PATCHES_APPLIED")
+            applied = tuple(m for m in sys.modules if m.startswith(_WP))
+            if applied != WORKER_PATCHES_APPLIED[release]:
+                raise RuntimeError(f"expected worker patches {WORKER_PATCHES_APPLIED[release]} to be applied, "
+                                   f"got {applied}")
             ops.register_dummy_fusion_op()
             register_ascend_customop(cfg)
             init_ascend_config(cfg)
@@ -156,7 +189,8 @@ def vllm_context(ckpt_dir: str | None = None, dtype: str = "float32"):
 # --------------------------------------------------------------------------------------------------
 
 def attn_state_for(seqs: Sequence[tuple[int, int]], chunked_prefill: bool = True):
-    """0.15.0rc1 ``NPUModelRunner._build_attn_state`` for ``(context, new)`` pairs, no speculative decoding."""
+    """``NPUModelRunner._build_attn_state`` of 0.15.0rc1 ... 0.19.1rc1 for ``(context, new)`` pairs, no speculative
+    decoding."""
     from vllm_ascend.attention.attention_v1 import AscendAttentionState
 
     if all(c == 0 for c, _ in seqs):
@@ -170,7 +204,7 @@ def attn_state_for(seqs: Sequence[tuple[int, int]], chunked_prefill: bool = True
 
 def build_case(cfg, seqs: Sequence[tuple[int, int]], *, num_heads: int, num_kv_heads: int, head_dim: int = 64,
                dtype: torch.dtype = torch.float32, seed: int = 0, sliding_window: int | None = None) -> Case:
-    """One attention batch laid out as vLLM 0.15 + vllm-ascend 0.15.0rc1 would, with 0.15's metadata.
+    """One attention batch laid out as vLLM + vllm-ascend (0.15 ... 0.19.1) would, with the release's own metadata.
 
     Args:
         cfg: the ``VllmConfig`` from :func:`vllm_context`.
@@ -250,7 +284,7 @@ def build_case(cfg, seqs: Sequence[tuple[int, int]], *, num_heads: int, num_kv_h
 
 def make_impl(cfg, *, num_heads: int, num_kv_heads: int, sliding_window: int | None, sinks: torch.Tensor | None,
               head_dim: int = 64):
-    """0.15.0rc1 ``AscendAttentionBackendImpl`` built with the positional arguments of vLLM 0.15's
+    """The release's ``AscendAttentionBackendImpl`` built with the positional arguments of vLLM 0.15's
     ``Attention.__init__`` (``num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
     kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name``) and ``sinks=`` as the extra
     impl argument GPT-OSS passes (vllm/model_executor/models/gpt_oss.py ``OAIAttention``); scale ``D**-0.5``."""
@@ -271,7 +305,7 @@ class _Layer:
 
 
 def run_native_forward(cfg, impl, case: Case, metadata=None) -> torch.Tensor:
-    """Run 0.15.0rc1's eager ``AscendAttentionBackendImpl.forward`` on ``case``.
+    """Run the release's eager ``AscendAttentionBackendImpl.forward`` on ``case``.
 
     The call is what ``vllm.attention.layer.unified_attention_with_output`` makes - ``impl.forward(layer,
     query [T,N,D], key [T,KV_N,D], value, kv_cache=(key_cache, value_cache), attn_metadata, output=[T,N,D])`` -
@@ -301,7 +335,7 @@ def run_native_forward(cfg, impl, case: Case, metadata=None) -> torch.Tensor:
 
 @dataclass
 class NativeModel:
-    """vLLM's ``GptOssForCausalLM`` loaded by vLLM 0.15 (``get_model``) with vllm-ascend 0.15.0rc1's ops."""
+    """vLLM's ``GptOssForCausalLM`` loaded by vLLM's ``get_model`` with the installed vllm-ascend's ops."""
 
     config: Any
     model: torch.nn.Module
@@ -344,15 +378,61 @@ def run_native_moe(native: NativeModel, layer: int, hidden: torch.Tensor) -> tor
     with torch.no_grad(), set_current_vllm_config(cfg), set_ascend_forward_context(None, cfg,
                                                                                     num_tokens=hidden.shape[0]):
         fc = get_forward_context()
-        # vLLM 0.15 binds the n-th moe_forward call of a forward pass to the n-th MoE layer
-        # (ForwardContext.remaining_moe_layers, vllm/forward_context.py; get_layer_from_name in
-        # fused_moe/layer.py). A step runs every layer in order; running one layer alone, the list must
-        # name that layer only, or the call would execute layer 0.
-        if fc.remaining_moe_layers is None:
-            raise RuntimeError("vLLM no longer sets ForwardContext.remaining_moe_layers; revisit run_native_moe")
-        fc.remaining_moe_layers = [mlp.experts.layer_name]
-        out = mlp(hidden)
-        if fc.remaining_moe_layers:
-            raise RuntimeError(f"the MoE layer {mlp.experts.layer_name} was not called through moe_forward")
+        # vLLM binds the n-th moe_forward call of a forward pass to the n-th MoE layer: vLLM 0.15 pops
+        # ForwardContext.remaining_moe_layers; vLLM >= 0.16 indexes ForwardContext.all_moe_layers with the counter
+        # moe_layer_index (vllm/forward_context.py; get_layer_from_name in fused_moe/layer.py, in 0.18+
+        # fused_moe/runner/default_moe_runner.py). A step runs every layer in order; running one layer alone, the
+        # list must name that layer only, or the call would execute layer 0.
+        name = mlp.experts.layer_name
+        if hasattr(fc, "remaining_moe_layers"):
+            if fc.remaining_moe_layers is None:
+                raise RuntimeError("vLLM did not set ForwardContext.remaining_moe_layers; revisit run_native_moe")
+            fc.remaining_moe_layers = [name]
+            out = mlp(hidden)
+            called = not fc.remaining_moe_layers
+        elif hasattr(fc, "all_moe_layers") and hasattr(fc, "moe_layer_index"):
+            if fc.all_moe_layers is None:
+                # compilation_config.fast_moe_cold_start off (vLLM 0.17+ turns it off under enforce_eager,
+                # vllm/config/vllm.py): the layer passes its own name to moe_forward (_encode_layer_name), nothing
+                # is bound by position; the counter must stay untouched.
+                out = mlp(hidden)
+                called = fc.moe_layer_index == 0
+            else:
+                fc.all_moe_layers = [name]
+                fc.moe_layer_index = 0
+                out = mlp(hidden)
+                called = fc.moe_layer_index == 1
+        else:
+            raise RuntimeError("vLLM's ForwardContext has neither remaining_moe_layers (0.15) nor all_moe_layers / "
+                               "moe_layer_index (0.16+); revisit run_native_moe")
+        if not called:
+            raise RuntimeError(f"the MoE layer {name} was not called through moe_forward")
         return out
 
+
+
+def load_reference_model(ckpt_dir: str):
+    """transformers' ``GptOssForCausalLM.from_pretrained(ckpt_dir)`` in float32, eval mode: the MoE oracle
+    (``model.model.layers[i].mlp`` is ``GptOssMLP``: top-k router with softmax over the chosen logits, interleaved
+    gate/up, ``clamp(gate, max=7)``, ``clamp(up, -7, 7)``, ``(up + 1) * gate * sigmoid(1.702 * gate)``, both expert
+    biases; transformers/models/gpt_oss/modeling_gpt_oss.py)."""
+    from transformers import GptOssForCausalLM
+
+    return GptOssForCausalLM.from_pretrained(ckpt_dir, dtype=torch.float32).eval()
+
+
+def moe_input(layer: int, tokens: int, hidden_size: int = 64) -> torch.Tensor:
+    """The calibration input of MoE ``layer`` for ``tokens`` rows: ``N(0, 9)`` float32 ``[tokens, hidden_size]``,
+    seeded by ``100 * layer + tokens`` (the same tensor in every process, so a child interpreter measures the same
+    case). The scale makes gate/up pre-activations cross GPT-OSS's clamps at +-7."""
+    return torch.randn(tokens, hidden_size, generator=torch.Generator().manual_seed(100 * layer + tokens)) * 3
+
+
+def moe_relative_error(native: NativeModel, reference, layer: int, hidden: torch.Tensor) -> float:
+    """``||native - reference|| / ||reference||`` (Frobenius) of MoE ``layer`` on ``hidden`` ``[T, H]`` float32:
+    :func:`run_native_moe` against transformers' ``GptOssMLP`` (:func:`load_reference_model`)."""
+    got = run_native_moe(native, layer, hidden)
+    with torch.no_grad():
+        want, _ = reference.model.layers[layer].mlp(hidden.unsqueeze(0))
+    want = want[0]
+    return ((got - want).norm() / want.norm()).item()

@@ -1,11 +1,15 @@
-"""Attention calibration: vllm-ascend 0.15.0rc1's native GPT-OSS attention on the simulator vs transformers.
+"""Attention calibration: vllm-ascend's native GPT-OSS attention on the simulator vs transformers, per native cell
+(0.15.0rc1, 0.16.0rc1, 0.17.0rc1, 0.18.0, 0.19.1rc1).
 
 vllm-ascend 0.15.0rc1 supports GPT-OSS natively and was validated on hardware (PR #5901: TP=2, eager,
-gpt-oss-20b-BF16). Its eager ``AscendAttentionBackendImpl.forward`` - sinks passed to
+gpt-oss-20b-BF16); the eager attention path below is the same in every native release tested here (0.17+ read
+``_EXTRA_CTX.capturing`` instead of ``forward_context.capturing``), except the sliding layers' mask: up to 0.18.0
+they get the builder's ``swa_mask``, from 0.19.1rc1 on the ``attn_mask`` template (PR #8387). Its eager
+``AscendAttentionBackendImpl.forward`` - sinks passed to
 ``npu_fused_infer_attention_score_v2(learnable_sink=...)`` in TND layout, full layers with ``sparse_mode=3``
 and the causal template ``attn_mask``, sliding layers with ``sparse_mode=4``, ``pre_tokens=sliding_window``,
 ``next_tokens=0`` and the builder's ``swa_mask`` (upstream_targets.md §7.1) - runs here unmodified, fed by
-0.15's own ``AscendAttentionMetadataBuilder.build``; the oracle is transformers' GPT-OSS
+the release's own ``AscendAttentionMetadataBuilder.build``; the oracle is transformers' GPT-OSS
 ``eager_attention_forward`` with its ``causal_mask_function`` / ``sliding_window_causal_mask_function``
 (:func:`gptoss_patch.testing.attention_case.reference_output`).
 
@@ -20,6 +24,9 @@ import dataclasses
 import pytest
 import torch
 
+from conftest import ROW
+
+from gptoss_patch import matrix
 from gptoss_patch.testing import native_015 as n015
 from gptoss_patch.testing.attention_case import reference_output
 
@@ -65,14 +72,31 @@ def _sinks(dtype=torch.float32):
     return (torch.randn(N, generator=torch.Generator().manual_seed(7)) * 2).to(dtype)
 
 
+def _has_swa_mask() -> bool:
+    """True when the installed ``AscendMetadata`` still has ``swa_mask`` (vllm-ascend <= 0.18.0; removed by PR #8387,
+    first in 0.19.1rc1). Cross-checked against the matrix row, whose attention note names the swa_mask exactly then."""
+    from vllm_ascend.attention.attention_v1 import AscendMetadata
+
+    has = "swa_mask" in {f.name for f in dataclasses.fields(AscendMetadata)}
+    assert has == ("swa_mask" in ROW.caps["attention"].note), (has, ROW.caps["attention"].note)
+    return has
+
+
+def _template_metadata(md):
+    """``md`` with the sliding layers reading the documented template: ``swa_mask`` replaced by ``attn_mask`` (what
+    upstream passes after PR #8387), or ``md`` itself where the release already passes ``attn_mask``."""
+    return dataclasses.replace(md, swa_mask=md.attn_mask) if _has_swa_mask() else md
+
+
 def _positions(seqs):
     """Absolute position of every query row of the batch, in token order."""
     return torch.cat([torch.arange(c, c + k) for c, k in seqs])
 
 
-def test_calibration_runs_native_code_with_gptoss_patch_standing_down(cfg):
-    """The calibration is only meaningful if nothing of ours touches vllm-ascend 0.15: the decision in this
-    process is stand-down and ``AscendAttentionBackendImpl`` is upstream's own class."""
+def test_calibration_runs_upstream_attention_untouched(cfg):
+    """The calibration is only meaningful if nothing of ours touches vllm-ascend's attention: the decision in this
+    process is the cell row's verdict (stand-down, or apply with layout G, whose only patch wraps
+    ``moe_mlp.unquant_apply_mlp``) and ``AscendAttentionBackendImpl`` is upstream's own class."""
     import wrapt
 
     import gptoss_patch
@@ -85,8 +109,11 @@ def test_calibration_runs_native_code_with_gptoss_patch_standing_down(cfg):
 
     assert is_wrapped(wrapt.FunctionWrapper(len, lambda w, i, a, k: w(*a, **k)))  # the check sees a wrapper
     status = gptoss_patch.status()
-    assert status.decision == "stand-down" and list(status.patches) == []
-    for name in ("__init__", "forward", "forward_fused_infer_attention"):
+    assert status.decision == ROW.verdict and status.row == ROW.vllm_ascend
+    want = list(matrix.LAYOUT_PATCHES[ROW.layout]) if ROW.verdict == matrix.APPLY else []
+    assert [p.name for p in status.patches] == want
+    assert all(not p.target.startswith("vllm_ascend.attention") for p in status.patches)
+    for name in ("__init__", "forward", "forward_impl", "forward_fused_infer_attention"):
         assert not is_wrapped(aa.AscendAttentionBackendImpl.__dict__[name]), name
 
 
@@ -137,10 +164,10 @@ def test_full_attention_layer_bfloat16_within_one_rounding(cfg):
 
 
 @pytest.mark.parametrize("state", list(STATES))
-def test_sliding_layer_swa_mask_is_refused_by_the_simulator_where_the_real_op_runs(cfg, fia_calls, state):
-    """Calibration finding 1: 0.15.0rc1's ``swa_mask`` with ``sparse_mode=4``.
+def test_sliding_layer_mask_swa_mask_refused_by_the_simulator_where_the_real_op_runs(cfg, fia_calls, state):
+    """Calibration finding 1: the ``swa_mask`` of 0.15.0rc1 ... 0.18.0 with ``sparse_mode=4``; gone in 0.19.1rc1.
 
-    What 0.15.0rc1 passes (attention_mask.py ``get_swa_mask``): a bool ``(2048, 2048)`` mask
+    What 0.15.0rc1 ... 0.18.0 pass (attention_mask.py ``get_swa_mask``): a bool ``(2048, 2048)`` mask
     ``triu(ones, 1) | tril(ones, -sliding_window)`` - a band, not the lower-triangular template.
 
     What the documentation says (torch_npu ``npu_fused_infer_attention_score_v2``, op-plugin 26.0.0 English
@@ -160,14 +187,25 @@ def test_sliding_layer_swa_mask_is_refused_by_the_simulator_where_the_real_op_ru
     ``RuntimeError`` (npu_sim.ops.attention: template content check for modes 2-4). That is a known,
     deliberate deviation from the real operator (stricter), pinned here: if the simulator ever accepts this
     mask, this test fails and the calibration must be revisited.
+
+    0.19.1rc1 (PR #8387): ``AscendMetadata`` has no ``swa_mask``; the sliding call passes ``attn_metadata.attn_mask``
+    (the int8 template) with the same ``sparse_mode=4``, ``pre_tokens=128``, ``next_tokens=0``, and the simulator
+    runs it (every output row written, finite); what it computes is finding 2.
     """
     seqs = STATES[state]
     case = n015.build_case(cfg, seqs, num_heads=N, num_kv_heads=KVN, seed=5, sliding_window=WINDOW)
     md = case.metadata
+    impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=_sinks())
+    if not _has_swa_mask():
+        out = n015.run_native_forward(cfg, impl, case)
+        call = fia_calls[0]
+        assert (call["sparse_mode"], call["pre_tokens"], call["next_tokens"]) == (4, WINDOW, 0)
+        assert call["atten_mask"] is md.attn_mask and md.attn_mask.dtype == torch.int8
+        assert torch.isfinite(out).all()
+        return
     ones = torch.ones(2048, 2048, dtype=torch.bool)
     assert md.swa_mask.dtype == torch.bool and tuple(md.swa_mask.shape) == (2048, 2048)  # documented shape/dtype
     assert torch.equal(md.swa_mask, torch.triu(ones, 1) | torch.tril(ones, -WINDOW))
-    impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=_sinks())
     with pytest.raises(RuntimeError, match=r"sparse_mode=4 must be the lower-triangular template"):
         n015.run_native_forward(cfg, impl, case)
     call = fia_calls[0]
@@ -179,10 +217,11 @@ def test_sliding_layer_swa_mask_is_refused_by_the_simulator_where_the_real_op_ru
 def test_sliding_layer_band_admits_129_keys_with_the_documented_template(cfg, fia_calls, state):
     """Calibration finding 2: the TND band is 129 keys where GPT-OSS attends 128 (npu_ops.md §10.1).
 
-    Run 0.15.0rc1's forward unmodified, with the metadata's ``swa_mask`` replaced by its ``attn_mask`` - the
-    documented template, i.e. exactly what upstream passes after PR #8387 (``sparse_mode=4``,
-    ``pre_tokens=128``, ``next_tokens=0`` unchanged). By the documented band rule (OPD-fia2 ``sparse_mode`` 4,
-    right-down anchored; npu_ops.md §2.4) query row ``i`` of a batch with ``off = Skv - Sq`` attends
+    Run the release's forward unmodified; up to 0.18.0 with the metadata's ``swa_mask`` replaced by its
+    ``attn_mask`` - the documented template, i.e. exactly what upstream passes after PR #8387 (``sparse_mode=4``,
+    ``pre_tokens=128``, ``next_tokens=0`` unchanged) - and on 0.19.1rc1 with its own metadata (it passes the
+    template itself): the band is the same in every native release. By the documented band rule (OPD-fia2
+    ``sparse_mode`` 4, right-down anchored; npu_ops.md §2.4) query row ``i`` of a batch with ``off = Skv - Sq`` attends
     ``i + off - 128 <= j <= i + off``: 129 keys. transformers' ``sliding_window_causal_mask_function(128)``
     allows ``q - 128 < k <= q``: 128 keys (the reference model, vLLM's GPU backends with
     ``window_size=(127, 0)``, and 0.15's own BSH decode path ``_forward_fia_slidingwindow`` keep 128).
@@ -193,13 +232,14 @@ def test_sliding_layer_band_admits_129_keys_with_the_documented_template(cfg, fi
     """
     seqs = STATES[state]
     case = n015.build_case(cfg, seqs, num_heads=N, num_kv_heads=KVN, seed=5, sliding_window=WINDOW)
-    md = dataclasses.replace(case.metadata, swa_mask=case.metadata.attn_mask)  # PR #8387's atten_mask
+    md = _template_metadata(case.metadata)  # PR #8387's atten_mask
     sinks = _sinks()
     impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=sinks)
     out = n015.run_native_forward(cfg, impl, case, metadata=md)
     call = fia_calls[0]
     assert (call["sparse_mode"], call["pre_tokens"], call["next_tokens"], call["input_layout"]) == \
         (4, WINDOW, 0, "TND")
+    assert call["atten_mask"] is md.attn_mask
     ref129 = reference_output(case, sinks=sinks, sliding_window=WINDOW + 1, scale=impl.scale)
     ref128 = reference_output(case, sinks=sinks, sliding_window=WINDOW, scale=impl.scale)
     assert (out - ref129).abs().max().item() <= 1e-5
@@ -239,9 +279,10 @@ def test_sliding_layer_band_reads_vllms_null_block_as_the_129th_key(cfg):
     vLLM 0.15 keeps sliding layers in their own KV-cache group and its ``SlidingWindowManager`` frees every block
     whose tokens all lie before the window of the next query, ``get_num_skipped_tokens(p) = p - 128 + 1``
     (positions ``0 .. p-128``), replacing it in the block table by the null block (block 0; never written, and
-    vllm-ascend 0.15 allocates KV caches with ``torch.zeros``). The band's extra key ``p - 128`` is the last
-    skipped position, so when it closes a block - decode position ``p ≡ 127 (mod 128)``, ``p >= 255`` - the
-    operator reads K = V = 0 there: an extra ``exp(0 - m)`` in the softmax denominator, nothing in the numerator.
+    vllm-ascend 0.15.0rc1 ... 0.19.1rc1 allocate KV caches with ``torch.zeros``, ``_allocate_kv_cache_tensors``).
+    The band's extra key ``p - 128`` is the last skipped position, so when it closes a block - decode position
+    ``p ≡ 127 (mod 128)``, ``p >= 255`` - the operator reads K = V = 0 there:
+    an extra ``exp(0 - m)`` in the softmax denominator, nothing in the numerator.
 
     With the documented template (as in finding 2) the native output equals the window-129 reference computed with
     key/value ``p - 128`` set to zero on exactly those rows (<= 1e-5), and the plain window-129 reference elsewhere.
@@ -254,7 +295,7 @@ def test_sliding_layer_band_reads_vllms_null_block_as_the_129th_key(cfg):
     table = case.metadata.block_tables.clone()
     for i, (c, _) in enumerate(seqs):
         table[i, nulls[c]] = n015.NULL_BLOCK
-    md = dataclasses.replace(case.metadata, block_tables=table, swa_mask=case.metadata.attn_mask)
+    md = _template_metadata(dataclasses.replace(case.metadata, block_tables=table))
     sinks = _sinks()
     impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=sinks)
     out = n015.run_native_forward(cfg, impl, case, metadata=md)

@@ -1,16 +1,17 @@
-"""Stand-down in the 0.15.0rc1 cell: vllm-ascend supports GPT-OSS natively, so gptoss-patch patches nothing.
+"""Activation in a natively supporting cell: gptoss-patch stands down (0.15.0rc1, 0.16.0rc1, 0.19.1rc1) or applies
+only layout G's MoE activation patch (0.17.0rc1, 0.18.0), and tells the user what is still wrong upstream.
 
 Activation comes only through the installed ``.pth`` start-up hook of the cell's venv, in a fresh interpreter
-(``conftest.run_python``), the way a deployment sees it; ``python -m gptoss_patch.verify`` must tell the user
-the native-support verdict and the GPT-OSS gaps still open upstream in this release, and exit 0.
+(``conftest.run_python``), the way a deployment sees it; ``python -m gptoss_patch.verify`` must report the row's
+verdict and every capability that is not plainly native (the row's ``caps``: ``matrix.cap_lines``, also what
+``decide(...).gaps`` returns), and exit 0.
 """
 
 import json
 import subprocess
 import sys
 
-from conftest import run_python
-from packaging.version import Version
+from conftest import ROW, run_python
 
 from gptoss_patch import matrix
 
@@ -22,9 +23,11 @@ import vllm_ascend.ops.fused_moe.fused_moe as fm
 targets = {
     "AscendAttentionBackendImpl.__init__": aa.AscendAttentionBackendImpl.__dict__["__init__"],
     "AscendAttentionBackendImpl.forward": aa.AscendAttentionBackendImpl.__dict__["forward"],
+    "AscendAttentionBackendImpl.forward_impl": aa.AscendAttentionBackendImpl.__dict__["forward_impl"],
     "AscendAttentionBackendImpl.forward_fused_infer_attention":
         aa.AscendAttentionBackendImpl.__dict__["forward_fused_infer_attention"],
     "moe_mlp.unquant_apply_mlp": mm.unquant_apply_mlp,
+    "moe_mlp.unified_apply_mlp": mm.unified_apply_mlp,
     "AscendUnquantizedFusedMoEMethod.apply": fm.AscendUnquantizedFusedMoEMethod.__dict__["apply"],
 }
 from gptoss_patch.registry import MARKER
@@ -36,6 +39,9 @@ print("RESULT " + json.dumps({"status": gptoss_patch.status().as_dict(), "wrappe
                               "probe_seen": is_wrapped(probe), "module": aa.__file__}))
 """
 
+#: What each verdict of a native row wraps among the child's targets: nothing (stand-down), or layout G's one patch.
+WRAPPED = {matrix.STAND_DOWN: [], matrix.APPLY: ["moe_mlp.unquant_apply_mlp"]}
+
 
 def _result(proc: subprocess.CompletedProcess) -> dict:
     for line in proc.stdout.splitlines():
@@ -44,28 +50,53 @@ def _result(proc: subprocess.CompletedProcess) -> dict:
     raise AssertionError(f"child gave no result (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
-def test_fresh_interpreter_stands_down_and_wraps_nothing(cell):
+def test_fresh_interpreter_takes_the_rows_verdict_and_wraps_only_its_patches(cell):
     res = _result(run_python(CHILD))
     st = res["status"]
-    assert cell == "0.15.0rc1"
+    assert cell == ROW.vllm_ascend and matrix.native_attention(ROW)
     assert "/vllm_ascend/attention/attention_v1.py" in res["module"]
-    assert st["versions"]["vllm_ascend"] == "0.15.0rc1" and st["versions"]["vllm"] == "0.15.0"
+    assert st["versions"]["vllm_ascend"] == ROW.vllm_ascend and st["versions"]["vllm"] == ROW.vllm
     assert st["activated"] and st["sources"] == ["import-hook"]
-    assert st["decision"] == "stand-down" and "supports GPT-OSS natively" in st["reason"]
-    assert st["patches"] == []
-    assert st["gaps"] == [g.text for g in matrix.gaps_for(Version("0.15.0rc1"))] and len(st["gaps"]) == 4
-    assert res["probe_seen"] is True and res["wrapped"] == []
+    assert st["decision"] == ROW.verdict and st["row"] == ROW.vllm_ascend
+    if ROW.verdict == matrix.STAND_DOWN:
+        assert "supports GPT-OSS natively" in st["reason"] and st["patches"] == []
+    else:
+        assert ROW.layout == "G" and "is a tested release" in st["reason"]
+        assert [(p["name"], p["state"], p["target"]) for p in st["patches"]] == \
+            [("moe.activation_name", "applied", "vllm_ascend.ops.fused_moe.moe_mlp:unquant_apply_mlp")]
+    decided = matrix.decide(ROW.vllm_ascend, ROW.vllm)
+    assert st["gaps"] == list(decided.gaps) == list(matrix.cap_lines(ROW))
+    # every native row still has open GPT-OSS gaps upstream: quantized MoE, 310P, FULL_DECODE_ONLY graphs (up to
+    # 0.20.1) and the sliding-window band (docs/upstream.md)
+    for cap in ("attention", "attention_graph", "quantized_moe", "atlas_310p"):
+        assert any(g.startswith(f"{cap}: ") for g in st["gaps"]), cap
+    assert any(g.startswith("moe: patched") for g in st["gaps"]) == (ROW.verdict == matrix.APPLY)
+    assert res["probe_seen"] is True and res["wrapped"] == WRAPPED[ROW.verdict]
 
 
-def test_verify_prints_the_native_verdict_and_the_gaps_and_exits_0():
-    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify"], capture_output=True, text=True,
+def test_verify_reports_the_verdict_and_every_gap_and_exits_0():
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--json"], capture_output=True, text=True,
                           timeout=900)
-    out = proc.stdout
-    assert proc.returncode == 0, out[-2000:] + proc.stderr[-2000:]
-    assert "vllm-ascend 0.15.0rc1 | vllm 0.15.0" in out
-    assert "decision: stand-down" in out and "supports GPT-OSS natively" in out and "no longer need it" in out
-    for gap in matrix.gaps_for(Version("0.15.0rc1")):
-        assert f"upstream gap still open in this release: {gap.text}" in out
-    assert "activation in fresh interpreter: ok (stand-down, 0 patches applied)" in out
-    assert "activation in spawn: ok (stand-down, 0 patches applied)" in out
-    assert "result: OK" in out
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(proc.stdout[proc.stdout.index("{"):])
+    st = report["status"]
+    assert report["ok"] is True and report["problems"] == []
+    assert (st["versions"]["vllm_ascend"], st["versions"]["vllm"]) == (ROW.vllm_ascend, ROW.vllm)
+    assert st["decision"] == ROW.verdict
+    assert st["gaps"] == list(matrix.cap_lines(ROW))
+    assert {k: (v["state"], v["note"]) for k, v in st["capabilities"].items()} == \
+        {k: (c.state, c.note) for k, c in ROW.caps.items()}
+    n_patches = len(matrix.LAYOUT_PATCHES[ROW.layout]) if ROW.verdict == matrix.APPLY else 0
+    for label in ("fresh_interpreter", "spawn"):
+        child = report["children"][label]
+        assert child["decision"] == ROW.verdict and child["ok"], child
+        assert sum(p["state"] == "applied" for p in child["patches"]) == n_patches
+    human = subprocess.run([sys.executable, "-m", "gptoss_patch.verify"], capture_output=True, text=True,
+                           timeout=900).stdout
+    assert f"vllm-ascend {ROW.vllm_ascend} | vllm {ROW.vllm}" in human
+    assert f"decision: {ROW.verdict}" in human
+    for name, cap in ROW.caps.items():
+        if cap.state != matrix.NATIVE:
+            assert f"] {name} - {cap.note}" in human, name
+    assert f"activation in fresh interpreter: ok ({ROW.verdict}, {n_patches} patches applied)" in human
+    assert "result: OK" in human
