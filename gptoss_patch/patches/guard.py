@@ -40,6 +40,37 @@ class GptOssNotPatchedError(RuntimeError):
     """A GPT-OSS model was built on vllm-ascend without every GPT-OSS patch applied."""
 
 
+class GptOssCheckpointError(ValueError):
+    """A GPT-OSS checkpoint tensor has a shape its ``config.json`` does not imply (found before any weight loads)."""
+
+
+def check_checkpoint(vllm_config: Any) -> None:
+    """Stop a GPT-OSS build whose local checkpoint holds a tensor of the wrong shape, naming it.
+
+    Reads only the safetensors headers (:func:`gptoss_patch.checkpoint.mismatched_shapes`): without this, vLLM fails
+    deep in the loader (``output with shape [8] doesn't match the broadcast shape [8, 8]`` for sinks saved as
+    ``[8, 1]``). A model that is not a local directory (nothing to read before vLLM downloads it) is not checked.
+
+    Raises:
+        GptOssCheckpointError: one line per tensor: name, shape, expected shape.
+    """
+    model = getattr(getattr(vllm_config, "model_config", None), "model", None)
+    if not isinstance(model, str) or not os.path.isfile(os.path.join(model, "config.json")):
+        return
+    from gptoss_patch.checkpoint import mismatched_shapes
+
+    try:
+        wrong = mismatched_shapes(model)
+    except (ValueError, ImportError):  # an unusual config: vLLM's own loader reports it in its words
+        return
+    if wrong:
+        lines = [f"  {name}: shape {list(shape)}, expected {list(expected)}" for name, shape, expected in wrong]
+        raise GptOssCheckpointError("\n".join([f"the GPT-OSS checkpoint {model} has tensors of the wrong shape "
+                                               "(read from the safetensors headers before loading):", *lines,
+                                               "  what to do: re-export the checkpoint; `python -m gptoss_patch."
+                                               "verify --model DIR` checks it"]))
+
+
 def check(status: Any, include_pending: bool = True) -> None:
     """Raise :class:`GptOssNotPatchedError` unless ``status`` says GPT-OSS is safe to run.
 
@@ -80,15 +111,19 @@ def _allowed_unpatched() -> bool:
 
 
 def _is_310p() -> bool:
-    """vllm-ascend's own answer (``vllm_ascend.utils.is_310p``, from 0.29.0rc1 ``vllm_ascend.device.device_config``:
+    """vllm-ascend's own answer (``vllm_ascend.utils.is_310p``, or ``get_ascend_device_type() is _310P`` on 0.12.0rc1
+    and 0.13.x, which have no ``is_310p``; from 0.29.0rc1 ``vllm_ascend.device.device_config``:
     the SoC of the wheel build on 0.11, the wheel's device type checked against ``torch_npu``'s SoC from 0.12 on);
     False where vllm-ascend has no such function. :func:`p310_in_use` also looks at the classes that run."""
     for module in ("vllm_ascend.utils", "vllm_ascend.device.device_config"):  # the latter from 0.29.0rc1 on
         try:
-            is_310p = getattr(__import__(module, fromlist=["is_310p"]), "is_310p")
-        except (ImportError, AttributeError):
+            mod = __import__(module, fromlist=["is_310p"])
+        except ImportError:
             continue
-        return bool(is_310p())
+        if hasattr(mod, "is_310p"):
+            return bool(mod.is_310p())
+        if hasattr(mod, "get_ascend_device_type"):  # 0.12.0rc1 / 0.13.x: no is_310p, the device type only
+            return getattr(mod.get_ascend_device_type(), "name", None) == "_310P"
     return False
 
 
@@ -257,7 +292,9 @@ def _guard_init(wrapped, instance, args, kwargs):
     """
     import gptoss_patch
 
-    check_capabilities(gptoss_patch.status(), kwargs.get("vllm_config", args[0] if args else None))
+    vllm_config = kwargs.get("vllm_config", args[0] if args else None)
+    check_capabilities(gptoss_patch.status(), vllm_config)
+    check_checkpoint(vllm_config)
     try:
         result = wrapped(*args, **kwargs)
     except Exception as exc:

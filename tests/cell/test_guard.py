@@ -97,3 +97,28 @@ def test_a_subclass_that_overrides_the_patched_method_is_named(layout):
         assert out["base_classes"] == []
     else:  # the _310p attention package exists from 0.14.0rc1 on
         assert "p310_missing" in out
+
+
+_RESHAPE_SINKS = """
+import glob
+from safetensors.torch import load_file, save_file
+ckpt = write_checkpoint(sys.argv[1], preset="tiny", seed=0, tokenizer=False)
+for shard in glob.glob(str(ckpt / "*.safetensors")):
+    tensors = load_file(shard)
+    if "model.layers.0.self_attn.sinks" in tensors:
+        tensors["model.layers.0.self_attn.sinks"] = tensors["model.layers.0.self_attn.sinks"].reshape(-1, 1)
+        save_file(tensors, shard, metadata={{"format": "pt"}})
+"""
+
+
+def test_a_wrong_shaped_checkpoint_tensor_is_named_before_loading(tmp_path):
+    """Sinks saved as ``[N, 1]``: the guard names the tensor, its shape and the expected one from the safetensors
+    headers, instead of vLLM's broadcast error deep in the loader."""
+    script = BUILD_MODEL.replace("ckpt = write_checkpoint(sys.argv[1], preset=\"tiny\", seed=0, tokenizer=False)\n",
+                                 _RESHAPE_SINKS)
+    assert script != BUILD_MODEL
+    proc = subprocess.run([sys.executable, "-c", script.format(prelude=""), str(tmp_path / "ckpt")],
+                          capture_output=True, text=True, timeout=900, env=_env())
+    result = _result(proc, "GUARD-RESULT")
+    assert result.startswith("GptOssCheckpointError"), result
+    assert "model.layers.0.self_attn.sinks: shape [8, 1], expected [8]" in result
