@@ -169,7 +169,10 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
             if not _child_ok(d, status.decision):
                 why = d.get("error") or d.get("import_error") or d.get("reason")
                 report["problems"].append(f"activation not proven in a {label}: {why}")
-    if simulate and status.decision == "apply" and not import_error:
+    # the main job runs our runner over the patched attention path (layouts B-F); layout G patches only the MoE of a
+    # native release, whose calibration is tests/cell/native_015
+    patched_attention = status.capabilities.get("attention", {}).get("state") == "patched"
+    if simulate and status.decision == "apply" and patched_attention and not import_error:
         report["main_job"] = {}
         for mode, graph in (("eager", False), ("graph", True)):
             job = run_main_job(graph=graph)
