@@ -151,6 +151,20 @@ def teacher_forced_reference(checkpoint: Path, prompts: list[list[int]], steps: 
     return reference_generate(checkpoint, prompts, steps, cache_dir=checkpoint.parent / "reference-cache")
 
 
+def _writer_key() -> str:
+    """Hash of the code that writes the checkpoint (tiny.py, tokenizer.py): a workdir kept across runs (e.g. under
+    ``~/.cache/gptoss-patch``) never serves a checkpoint an older writer made."""
+    import hashlib
+
+    from gptoss_patch import tokenizer
+    from gptoss_patch.testing import tiny
+
+    h = hashlib.sha256()
+    for mod in (tiny, tokenizer):
+        h.update(Path(mod.__file__).read_bytes())
+    return h.hexdigest()[:10]
+
+
 def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32", graph: bool = False) -> Report:
     """Run the main job once (eager, or FULL_DECODE_ONLY ACL graphs for the decode steps); return the report."""
     import gptoss_patch
@@ -161,7 +175,7 @@ def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32", g
                     logit_tolerance=LOGIT_TOLERANCE[dtype])
     t0 = time.perf_counter()
     workdir.mkdir(parents=True, exist_ok=True)
-    checkpoint = workdir / f"gpt-oss-tiny-seed{seed}"
+    checkpoint = workdir / f"gpt-oss-tiny-seed{seed}-{_writer_key()}"
     if not (checkpoint / ".complete").exists():  # written whole into a temporary directory, then renamed
         import shutil
         import tempfile

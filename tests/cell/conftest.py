@@ -33,6 +33,11 @@ NATIVE_CELL = "0.15.0rc1"
 NATIVE_DIR = Path(__file__).resolve().parent / "native_015"
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "soak: a long sweep (many replay steps / examples) that `nox -s soak` runs and "
+                                       "`nox -s tests` leaves out; the default run keeps a shorter case of it")
+
+
 def pytest_collection_modifyitems(config, items):
     if CELL is None:
         raise pytest.UsageError("tests/cell runs inside a matrix cell: use `nox -s cell-<release>` "
@@ -60,6 +65,25 @@ def cell():
 def layout():
     """The cell's module-layout family (``gptoss_patch.matrix.LAYOUTS`` key: "B", "C", "E", "F")."""
     return ROW.layout
+
+
+@pytest.fixture(scope="session")
+def verify_simulate():
+    """``python -m gptoss_patch.verify --simulate --json``, run once per test process: ``(CompletedProcess, report)``.
+
+    Shared by test_main_job (its ``main_job`` part) and test_activation (status and children: what ``verify --json``
+    reports, since the cell already simulates the NPU; ``--simulate`` adds the main job only). Both tests carry the
+    ``xdist_group("verify")`` mark, so under ``pytest -n`` one worker runs it once."""
+    import json
+
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--simulate", "--json"], capture_output=True,
+                          text=True, timeout=2400)
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"verify --simulate --json printed no JSON (rc {proc.returncode}): "
+                             f"{proc.stdout[-2000:]} {proc.stderr[-3000:]}") from None
+    return proc, report
 
 
 def run_python(code: str, **env_overrides) -> subprocess.CompletedProcess:

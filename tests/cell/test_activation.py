@@ -39,8 +39,15 @@ def _result(proc: subprocess.CompletedProcess) -> dict:
     raise AssertionError(f"child gave no result (rc {proc.returncode}):\n{proc.stderr[-3000:]}")
 
 
-def test_fresh_interpreter_applies_and_keeps_sinks(cell, layout):
-    res = _result(run_python(CHILD))
+@pytest.fixture(scope="module")
+def fresh_child():
+    """``CHILD`` in a fresh interpreter (activation through the .pth only), run once for the tests reading it."""
+    return _result(run_python(CHILD))
+
+
+@pytest.mark.xdist_group("verify")
+def test_fresh_interpreter_applies_and_keeps_sinks(cell, layout, fresh_child):
+    res = fresh_child
     st = res["status"]
     assert st["decision"] == "apply" and st["row"] == cell and st["ok"]
     assert st["sources"] == ["import-hook"]
@@ -191,12 +198,13 @@ def test_layer_without_sinks_gets_none_and_bad_sinks_are_rejected_naming_the_lay
                                           sinks=torch.zeros(8, dtype=torch.int32))
 
 
-def test_status_and_verify_json_agree():
-    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--json"], capture_output=True, text=True,
-                          timeout=900)
+@pytest.mark.xdist_group("verify")
+def test_status_and_verify_json_agree(verify_simulate, fresh_child):
+    # verify_simulate (conftest): the one `verify --simulate --json` run of the session - in a cell, `--simulate`
+    # only adds the main job to what `verify --json` reports (the NPU is simulated process-wide already)
+    proc, report = verify_simulate
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    report = json.loads(proc.stdout)
-    fresh = _result(run_python(CHILD))["status"]
+    fresh = fresh_child["status"]
     for key in ("decision", "reason", "row", "versions", "ok"):
         assert report["status"][key] == fresh[key], key
     assert [(p["name"], p["target"], p["state"], p["fingerprint"]) for p in report["status"]["patches"]] == \

@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from gptoss_patch import matrix
 from gptoss_patch.testing import main_job
 
@@ -93,10 +95,9 @@ def _result(proc, tag):
     raise AssertionError(f"no {tag} (rc {proc.returncode}): {proc.stderr[-3000:]}")
 
 
-def test_verify_simulate_runs_the_main_job_and_every_token_matches(layout):
-    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--simulate", "--json"], capture_output=True,
-                          text=True, timeout=2400)
-    report = json.loads(proc.stdout)
+@pytest.mark.xdist_group("verify")
+def test_verify_simulate_runs_the_main_job_and_every_token_matches(layout, verify_simulate):
+    proc, report = verify_simulate  # conftest: one verify --simulate --json run, shared with test_activation
     for mode, job in report.get("main_job", {}).items():  # the measured numbers (shown by pytest -rA)
         print(f"{mode}: layout {job.get('layout')}, seconds {job.get('seconds')}, graph replays "
               f"{job.get('graph_steps')} (sizes {job.get('captured_sizes')}), max |logit diff| "

@@ -11,6 +11,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "soak: a long sweep (many replay steps / examples) that `nox -s soak` runs and "
+                                       "`nox -s tests` leaves out; the default run keeps a shorter case of it")
+
+
 def clean_env(**extra):
     """The environment without any GPTOSS_PATCH_* variable, plus ``extra``."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPTOSS_PATCH_")}
