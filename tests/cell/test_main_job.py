@@ -119,6 +119,7 @@ def test_verify_simulate_runs_the_main_job_and_every_token_matches(layout, verif
         assert job["reused_prefix_blocks"] >= 1
         applied = {p["name"] for p in job["status"]["patches"] if p["state"] == "applied"}
         assert needed <= applied, needed - applied
+        assert job["evidence"] == ["attention", "moe"], job["evidence"]  # the patched paths really ran
         assert _windowed(job["kv_groups"]) == (layout == "F"), job["kv_groups"]
         nz_off = layout in main_job.FLOAT32_NZ_OFF_LAYOUTS  # float32 cannot be FRACTAL_NZ: see there
         assert job["environment"] == ({"VLLM_ASCEND_ENABLE_NZ": "0"} if nz_off else {}), job["environment"]
