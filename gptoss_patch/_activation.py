@@ -42,9 +42,12 @@ def _env_flag(name: str) -> bool:
     raise ValueError(f"{name}={os.environ.get(name)!r} is not a boolean; use 1 or 0")
 
 
-def _structural_check(row: matrix.Row) -> list[str]:
+def _structural_check(row: matrix.Row, installed_vllm: str | None = None) -> list[str]:
     """Static (ast, no import) check of both sides of the pairing: every vllm-ascend target the row's layout needs
-    and every vLLM place GPT-OSS relies on (:data:`gptoss_patch.matrix.VLLM_RELIED`); returns failures."""
+    and - unless the installed vLLM (``installed_vllm``, its metadata version) is the row's paired release - every
+    vLLM place GPT-OSS relies on (:data:`gptoss_patch.matrix.VLLM_RELIED`); returns failures."""
+    from packaging.version import InvalidVersion, Version
+
     from gptoss_patch.patches import layout_plan
 
     try:
@@ -52,7 +55,12 @@ def _structural_check(row: matrix.Row) -> list[str]:
     except KeyError as exc:
         return [str(exc.args[0])]
     failures = [failure for spec, target in plan for failure in static_check(spec, target)]
-    return failures + vllm_structural_check()
+    try:
+        paired = installed_vllm is not None and row.vllm is not None and \
+            Version(Version(installed_vllm).public) == Version(row.vllm)
+    except InvalidVersion:
+        paired = False
+    return failures if paired else failures + vllm_structural_check()
 
 
 def vllm_structural_check() -> list[str]:
@@ -99,8 +107,65 @@ def _decide(force: bool | None) -> tuple[environment.Versions, matrix.Decision]:
         listing = "; ".join(f"{name}: {', '.join(paths)}" for name, paths in versions.duplicates.items())
         return versions, matrix.Decision(matrix.REFUSE, f"several installations of one distribution ({listing}); "
                                                         "which one runs is ambiguous: uninstall all but one")
-    return versions, matrix.decide(versions.vllm_ascend, versions.vllm, force=force,
-                                   structural_check=_structural_check)
+    declared = _declared(versions)
+    decision = matrix.decide(versions.vllm_ascend, versions.vllm, force=force, vllm_declared=declared,
+                             structural_check=functools.partial(_structural_check, installed_vllm=versions.vllm_installed))
+    if decision.verdict == matrix.STAND_DOWN:
+        # upstream's code runs unpatched: check the defect a mismatched vLLM brings (a forced or declared pairing,
+        # an edited install) in the installed files themselves
+        problems = native_pairing_problems(declared)
+        if problems:
+            return versions, matrix.Decision(matrix.REFUSE, "; ".join(problems), decision.row)
+    return versions, decision
+
+
+def _declared(versions: environment.Versions) -> bool:
+    """True when ``VLLM_VERSION`` names another release than the installed vLLM's (a source build)."""
+    from packaging.version import InvalidVersion, Version
+
+    if versions.vllm is None or versions.vllm_installed is None or versions.vllm == versions.vllm_installed:
+        return False
+    try:
+        return Version(versions.vllm).public != Version(versions.vllm_installed).public
+    except InvalidVersion:
+        return True
+
+
+def vllm_passes_enum() -> bool:
+    """True when the installed vLLM's ``FusedMoE`` turns its activation into the ``MoEActivation`` Enum
+    (``MoEActivation.from_str`` in ``vllm/model_executor/layers/fused_moe/layer.py``: vLLM >= 0.17); read, not
+    imported."""
+    from gptoss_patch.registry import module_source_path
+
+    path = module_source_path("vllm.model_executor.layers.fused_moe.layer")
+    if path is None:
+        return False
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return "MoEActivation.from_str(" in fh.read()
+    except OSError:
+        return False
+
+
+def native_pairing_problems(declared: bool = False) -> list[str]:
+    """What makes upstream's native GPT-OSS code wrong with the installed vLLM, read from the installed files.
+
+    * vLLM passes the ``MoEActivation`` Enum while vllm-ascend's ``unquant_apply_mlp`` compares a string (the defect
+      of ``moe.activation_name``, :data:`gptoss_patch.patches.moe.PATCHES`): every expert would run plain SwiGLU;
+    * with a declared vLLM (``VLLM_VERSION``): any place GPT-OSS relies on (:func:`vllm_structural_check`).
+    """
+    from gptoss_patch.patches import all_specs
+
+    spec = all_specs()["moe.activation_name"]
+    target = matrix.LAYOUTS["G"][spec.target_key]
+    problems = []
+    if vllm_passes_enum() and not static_check(spec, target):
+        problems.append(f"the installed vLLM passes the MoE activation as the MoEActivation Enum and {target} "
+                        "compares it with a string: GPT-OSS experts would run plain SwiGLU (vllm-ascend #8463); "
+                        "install the vLLM this vllm-ascend pairs with")
+    if declared:
+        problems += vllm_structural_check()
+    return problems
 
 
 def activate(source: str = "api", force: bool | None = None) -> Status:

@@ -91,18 +91,19 @@ def cann_version(environ: dict | None = None) -> str:
 def duplicate_distributions(names=DISTRIBUTIONS) -> dict[str, list[str]]:
     """Distributions of ``names`` with more than one metadata directory on ``sys.path``: name -> paths.
 
-    Two ``vllm-ascend`` dist-infos (a half-finished upgrade, a ``--target`` copy on ``PYTHONPATH``) make the
-    installed version ambiguous: whichever ``importlib.metadata`` finds first need not be the code that runs.
+    Two ``vllm-ascend`` dist-infos of different versions (a half-finished upgrade, a ``--target`` copy on
+    ``PYTHONPATH``) make the installed version ambiguous: whichever ``importlib.metadata`` finds first need not be
+    the code that runs. Metadata of the *same* version in two places (``pip install -e .`` leaves a source-tree
+    ``*.egg-info`` beside the installed dist-info) is one installation. Paths are absolute, each with its version.
     """
     out: dict[str, list[str]] = {}
     for name in names:
-        paths = []
+        found: dict[str, str] = {}  # path -> version
         for dist in metadata.distributions(name=name):
-            path = str(getattr(dist, "_path", "") or dist.locate_file(""))
-            if path not in paths:
-                paths.append(path)
-        if len(paths) > 1:
-            out[name] = paths
+            path = os.path.abspath(str(getattr(dist, "_path", "") or dist.locate_file("")))
+            found.setdefault(path, dist.version)
+        if len(set(found.values())) > 1:  # an editable checkout's egg-info beside its own dist-info is one install
+            out[name] = [f"{path} ({version})" for path, version in found.items()]
     return out
 
 

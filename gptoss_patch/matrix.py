@@ -13,7 +13,7 @@ that avoids it). The release verdict follows from them:
 
 * ``apply``: some capability is patched; the patches of the row's layout are registered, the guard is armed.
 * ``stand-down``: nothing to patch; the guard is still armed and refuses the row's *refused* capabilities
-  when the model being built would use them (e.g. FULL_DECODE_ONLY graphs on 0.15-0.20.1).
+  when the model being built would use them (e.g. FULL_DECODE_ONLY graphs on 0.15.0rc1-0.19.1rc1).
 * ``refuse``: unknown, unparsable, unpaired or structurally different; nothing is patched, and building a
   GPT-OSS model stops with an error (the guard), so a server never emits garbage.
 
@@ -95,7 +95,8 @@ LAYOUTS: dict[str, dict[str, str]] = {
     "F": {
         **_FROM_012,
         "aclgraph_update_graph_params": f"{_AA}:AscendAttentionBackendImpl.update_graph_params",
-    },    # G = 0.17.0rc1, 0.18.0rc1, 0.18.0: native GPT-OSS; only the MoE activation string compare is wrong with
+    },
+    # G = 0.17.0rc1, 0.18.0rc1, 0.18.0: native GPT-OSS; only the MoE activation string compare is wrong with
     # vLLM >= 0.17's MoEActivation Enum (unified_apply_mlp calls unquant_apply_mlp through the module global)
     "G": {
         "moe_unquant_apply_mlp": f"{_FM}.moe_mlp:unquant_apply_mlp",
@@ -164,7 +165,8 @@ LAYOUT_PATCHES: dict[str, tuple[str, ...]] = {
         "moe.apply_mlp_012",
         "aclgraph.update_graph_params",
         "weights.pad_moe_intermediate",
-    ),    "G": (
+    ),
+    "G": (
         "moe.activation_name",
     ),
 }
@@ -207,11 +209,12 @@ class Cap:
 
 
 #: Shared capability texts (each names its evidence; docs/upstream.md has the details per release).
-_C_QUANT = Cap(REFUSED, "vllm-ascend's quantized MoE paths never apply swigluoai or the expert biases "
-                        "(every release up to 0.30.0rc2); use a BF16 checkpoint")
+_C_QUANT = Cap(REFUSED, "vllm-ascend's quantized MoE paths drop the expert biases (every release up to 0.30.0rc2) "
+                        "and have no swigluoai before 0.28.0rc1; use a BF16 checkpoint")
 _C_310P = Cap(REFUSED, "no vllm-ascend release passes GPT-OSS's sinks to the 310P attention "
                        "(vllm_ascend/_310p); use an Atlas A2/A3 (910B/910C) card")
-_C_GRAPH_NATIVE_BUG = Cap(REFUSED, "FULL_DECODE_ONLY capture of GPT-OSS attention drops the sinks (FIA v1; "
+_C_GRAPH_NATIVE_BUG = Cap(REFUSED, "FULL_DECODE_ONLY capture of GPT-OSS attention drops the sinks and the window "
+                                   "(full_graph_fia: FIA v1, sparse_mode 3; "
                                    "fixed upstream by PR #9165 in 0.20.2rc1); serve with "
                                    "--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}' or upgrade")
 _C_BAND = Cap(DEVIATES, "sliding layers take the TND band with sparse_mode 4 and pre_tokens = 128: 129 keys "
@@ -489,6 +492,7 @@ def decide(
     force: bool = False,
     structural_check: Callable[[Row], Sequence[str]] | None = None,
     rows: Sequence[Row] = ROWS,
+    vllm_declared: bool = False,
 ) -> Decision:
     """Decide what to do for the installed ``vllm_ascend`` and ``vllm`` versions.
 
@@ -500,6 +504,9 @@ def decide(
             row; returns the list of failed targets (empty = compatible). Without it, such a build
             is refused ("cannot check structure").
         rows: the table (tests pass their own).
+        vllm_declared: ``vllm`` is what ``VLLM_VERSION`` says, not what is installed (a source build): the pair is
+            then never an exact tested pairing - patched rows take the structural check (both sides), native rows
+            stand down only as "declared", and the caller checks the installed vLLM's code.
 
     Returns:
         A :class:`Decision`. Never raises for bad input: unparsable versions give *refuse* with a
@@ -541,10 +548,12 @@ def decide(
                       f"was not checked with that vLLM (install vllm=={row.vllm})")
             return _maybe_force(Decision(REFUSE, reason, row), force, rows, va)
         tested = "tested here" if row.tested else "not tested here, judged from its released source"
+        declared = " (vLLM version declared by VLLM_VERSION: its code is checked at activation)" if vllm_declared else ""
         return Decision(STAND_DOWN, f"vllm-ascend {vllm_ascend} with vllm {vllm} supports GPT-OSS natively "
-                                    f"({tested}); nothing to patch, the guard refuses what is still wrong "
-                                    "upstream", row, exact=row.tested)
-    if row is not None and row.verdict == APPLY and row.vllm is not None and Version(row.vllm) == vv and row.tested:
+                                    f"({tested}){declared}; nothing to patch, the guard refuses what is still wrong "
+                                    "upstream", row, exact=row.tested and not vllm_declared)
+    if (row is not None and row.verdict == APPLY and row.vllm is not None and Version(row.vllm) == vv and row.tested
+            and not vllm_declared):
         return Decision(APPLY, f"vllm-ascend {vllm_ascend} with vllm {vllm} is a tested release", row, exact=True)
 
     candidate = row if (row is not None and row.verdict == APPLY and row.tested) else nearest_tested(va, rows)
@@ -582,10 +591,7 @@ def _maybe_force(decision: Decision, force: bool, rows: Sequence[Row], va: Versi
     row = decision.row if (decision.row is not None and decision.row.verdict == APPLY) else None
     if row is None:
         row = nearest_tested(va, rows)
-    if row is None:
-        applies = sorted((r for r in rows if r.verdict == APPLY and r.tested), key=lambda r: r.version)
-        row = applies[-1] if applies else None
-    if row is None:
+    if row is None:  # never a layout of another major.minor series: its targets and defects are other code
         return decision
     return Decision(APPLY, f"FORCED by GPTOSS_PATCH_FORCE=1 using the {row.vllm_ascend} layout; "
                            f"would otherwise refuse: {decision.reason}", row, forced=True,

@@ -57,6 +57,10 @@ class PatchSpec:
             already takes it is a natively supporting release, not ours to patch).
         rebind_keys: layout keys of modules that bound the target's name by value.
         summary: one line for ``verify``.
+        defect_present: source fragments the target's ``def`` must contain, and
+        defect_absent: fragments it must not contain - the upstream defect the patch fixes, read in the target's
+            source (a target whose structure still fits but whose defect is gone - fixed upstream, or a release the
+            patch was never meant for - is refused rather than patched).
     """
 
     name: str
@@ -64,6 +68,8 @@ class PatchSpec:
     wrapper: Callable[..., Any]
     params: tuple[str, ...] = ()
     absent_params: tuple[str, ...] = ()
+    defect_present: tuple[str, ...] = ()
+    defect_absent: tuple[str, ...] = ()
     rebind_keys: tuple[str, ...] = ()
     summary: str = ""
 
@@ -197,7 +203,11 @@ def check_params(names: set[str], has_var_kw: bool, spec: PatchSpec) -> list[str
 
 
 def static_check(spec: PatchSpec, target: str) -> list[str]:
-    """Check ``target`` against ``spec`` by reading its source with :mod:`ast`; returns problems (empty = fine)."""
+    """Check ``target`` against ``spec`` by reading its source with :mod:`ast`; returns problems (empty = fine).
+
+    Checked: the module and the ``def`` exist, the parameter *names* of ``spec.params`` / ``spec.absent_params``, and
+    the defect fragments ``spec.defect_present`` / ``spec.defect_absent`` in the ``def``'s source.
+    """
     module, qualname = split_target(target)
     path = module_source_path(module)
     if path is None:
@@ -212,7 +222,15 @@ def static_check(spec: PatchSpec, target: str) -> list[str]:
     if isinstance(node, ast.ClassDef):
         return []
     names, var_kw = _ast_params(node)
-    return [f"{target} {p}" for p in check_params(names, var_kw, spec)]
+    problems = [f"{target} {p}" for p in check_params(names, var_kw, spec)]
+    if spec.defect_present or spec.defect_absent:
+        source, _ = _parsed(path)
+        segment = ast.get_source_segment(source, node) or ""
+        problems += [f"{target} no longer contains {frag!r} (the defect this patch fixes; fixed upstream?)"
+                     for frag in spec.defect_present if frag not in segment]
+        problems += [f"{target} contains {frag!r} (upstream handles it: nothing to patch)"
+                     for frag in spec.defect_absent if frag in segment]
+    return problems
 
 
 def runtime_check(spec: PatchSpec, obj: Any) -> list[str]:

@@ -148,6 +148,8 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
                 report["warnings"].append(f"patch {p.name} wraps {p.target}: {p.drift}")
     if status.decision == "apply" and not status.ok and not report["problems"]:
         report["problems"].append("not every GPT-OSS patch is applied")
+    if status.forced:
+        report["warnings"].append(f"the decision was FORCED (GPTOSS_PATCH_FORCE=1): {status.reason}")
     for name, cap in status.capabilities.items():
         if cap["state"] == "deviates":
             report["warnings"].append(f"{name} deviates upstream: {cap['note']}")

@@ -134,6 +134,8 @@ def _full_decode_graphs(vllm_config: Any) -> str | None:
     mode = getattr(cc, "cudagraph_mode", None)
     if mode is None or getattr(getattr(vllm_config, "model_config", None), "enforce_eager", False):
         return None
+    if isinstance(mode, str):  # a config not yet resolved to vLLM's CUDAGraphMode
+        return mode if mode.upper() in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE") else None
     decode = mode.decode_mode() if hasattr(mode, "decode_mode") else mode
     return mode.name if getattr(decode, "name", None) == "FULL" else None
 

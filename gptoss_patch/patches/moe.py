@@ -346,6 +346,10 @@ PATCHES = [
         target_key="moe_unquant_apply_mlp",
         wrapper=_activation_name,
         params=("hidden_states", "w1", "w2", "group_list", "w1_bias", "w2_bias", "activation", "group_list_type"),
+        # the defect: a string compare with no Enum handling (0.19.1rc1 normalises, 0.23.0+ compares Enum members:
+        # there the patch would turn a right compare wrong)
+        defect_present=('activation == "swigluoai"',),
+        defect_absent=('getattr(activation, "value"', "MoEActivation"),
         summary="the expert MLP receives vLLM's MoEActivation Enum as the string it compares with (swigluoai)",
     ),
     PatchSpec(

@@ -77,15 +77,30 @@ def release_tree(release: str, cache: Path | None = None) -> Path:
                         "--disable-pip-version-check", f"vllm-ascend=={release}", "-d", str(cache)],
                        capture_output=True, timeout=900)
         wheels = sorted(cache.glob(f"vllm_ascend-{release}-*.whl"))
-    if wheels:
-        with zipfile.ZipFile(wheels[0]) as zf:
-            zf.extractall(root, [n for n in zf.namelist() if n.startswith("vllm_ascend/") and n.endswith(".py")])
-        return root
-    sdists = sorted(cache.glob(f"vllm_ascend-{release}.tar.gz")) or [_download_sdist(release, cache)]
-    with tarfile.open(sdists[0]) as tf:
-        for member in tf.getmembers():
-            parts = member.name.split("/", 1)
-            if len(parts) == 2 and parts[1].startswith("vllm_ascend/") and parts[1].endswith(".py") and member.isfile():
-                member.name = parts[1]
-                tf.extract(member, root, filter="data")
+    import tempfile
+
+    staging = Path(tempfile.mkdtemp(prefix=f".tree-{release}-", dir=cache))  # extract aside, then rename: two
+    try:                                                                       # processes may ask at once
+        if wheels:
+            with zipfile.ZipFile(wheels[0]) as zf:
+                zf.extractall(staging, [n for n in zf.namelist()
+                                        if n.startswith("vllm_ascend/") and n.endswith(".py")])
+        else:
+            sdists = sorted(cache.glob(f"vllm_ascend-{release}.tar.gz")) or [_download_sdist(release, cache)]
+            with tarfile.open(sdists[0]) as tf:
+                for member in tf.getmembers():
+                    parts = member.name.split("/", 1)
+                    if (len(parts) == 2 and parts[1].startswith("vllm_ascend/") and parts[1].endswith(".py")
+                            and member.isfile()):
+                        member.name = parts[1]
+                        tf.extract(member, staging, filter="data")
+        try:
+            staging.rename(root)
+        except OSError:  # another process finished first: its tree is the same files
+            if not (root / "vllm_ascend" / "__init__.py").exists():
+                raise
+    finally:
+        import shutil
+
+        shutil.rmtree(staging, ignore_errors=True)
     return root

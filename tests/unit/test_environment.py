@@ -43,7 +43,11 @@ def test_vllm_version_variable_is_the_vllm_version_as_vllm_ascend_reads_it(tmp_p
     assert "without release tags" in bare["reason"] and "VLLM_VERSION" in bare["reason"]
     told = _probe([tmp_path], VLLM_VERSION="0.11.0")
     assert told["vllm"] == "0.11.0" and told["vllm_installed"] == "0.1.dev1+g1234abc"
-    assert told["decision"] == "apply" and told["row"] == "0.11.0" and "tested release" in told["reason"]
+    # placed as 0.11.0, but a declared version is never an exact tested pairing: both sides are read, and here
+    # (metadata only, no code) nothing is there to read
+    assert told["row"] == "0.11.0" and "tested release" not in told["reason"]
+    assert told["decision"] == "refuse" and "untested build vllm-ascend 0.11.0 with vllm 0.11.0" in told["reason"]
+    assert "vLLM side" in told["reason"]
 
 
 def test_official_image_labels_are_the_release(tmp_path):
@@ -64,3 +68,15 @@ def test_two_dist_infos_of_one_distribution_are_refused_naming_both(tmp_path):
     assert list(out["duplicates"]) == ["vllm-ascend"]
     single = _probe([a])  # control: one of them alone is the tested release
     assert single["decision"] == "apply" and single["duplicates"] == {}
+
+
+def test_an_editable_checkout_beside_its_own_dist_info_is_one_installation(tmp_path):
+    """``pip install -e .`` leaves ``vllm_ascend.egg-info`` in the source tree beside the installed dist-info."""
+    a, src = tmp_path / "site", tmp_path / "src"
+    _dist(a, "vllm", "0.11.0")
+    _dist(a, "vllm-ascend", "0.11.0")
+    egg = src / "vllm_ascend.egg-info"
+    egg.mkdir(parents=True)
+    (egg / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: vllm-ascend\nVersion: 0.11.0\n")
+    out = _probe([a, src])
+    assert out["duplicates"] == {} and out["decision"] == "apply"

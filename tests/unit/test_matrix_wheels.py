@@ -18,8 +18,11 @@ from gptoss_patch import matrix
 
 DECIDE = """
 import json, sys
+import functools
 from gptoss_patch import _activation, matrix
-d = matrix.decide(sys.argv[1], sys.argv[2], structural_check=_activation._structural_check)
+# the paired vLLM stands for the installed one: only the vllm-ascend side is read (the tree on PYTHONPATH)
+check = functools.partial(_activation._structural_check, installed_vllm=sys.argv[2])
+d = matrix.decide(sys.argv[1], sys.argv[2], structural_check=check)
 print(json.dumps({"verdict": d.verdict, "reason": d.reason, "row": d.row.vllm_ascend if d.row else None,
                   "failures": list(d.structural_failures)}))
 """

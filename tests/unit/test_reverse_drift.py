@@ -70,10 +70,19 @@ def swa_mask(tree: Path) -> bool:
 
 def quant_moe_wrong(tree: Path) -> bool:
     """The quantized expert MLP has no swigluoai, or its grouped matmuls take no expert bias."""
-    quant = _function(_text(tree, "vllm_ascend/ops/fused_moe/moe_mlp.py"), "quant_apply_mlp") or ""
-    no_act = "swigluoai" not in quant.lower()
+    text = _text(tree, "vllm_ascend/ops/fused_moe/moe_mlp.py")
+    quant = _function(text, "quant_apply_mlp")
+    if quant is None:  # 0.28.0rc1+: one apply_moe_mlp; the activation through _unified_apply_activation
+        unified = _function(text, "_unified_apply_activation")
+        if unified is None:
+            pytest.fail("the code moved: neither quant_apply_mlp nor _unified_apply_activation is in moe_mlp.py")
+        no_act = "swigluoai" not in unified.lower()
+    else:
+        no_act = "swigluoai" not in quant.lower()
     w8a8 = sorted(tree.glob("vllm_ascend/quantization/**/w8a8_dynamic.py"))
-    no_bias = not w8a8 or all("w13_bias" not in p.read_text(encoding="utf-8") for p in w8a8)
+    if not w8a8:
+        pytest.fail("the code moved: no quantization/**/w8a8_dynamic.py")
+    no_bias = all("w13_bias" not in p.read_text(encoding="utf-8") for p in w8a8)
     return no_act or no_bias
 
 
