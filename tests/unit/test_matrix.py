@@ -245,3 +245,9 @@ def test_the_release_checklist_names_what_exists():
             assert (root / path).is_file() and (root / name).is_file(), (path, name)
             continue
         assert name in (root / path).read_text(encoding="utf-8"), (path, name)
+
+
+@pytest.mark.parametrize("va", ["0.23.1rc1", "0.20.0", "0.10.2rc1"])
+def test_force_never_borrows_the_layout_of_another_series(va):
+    d = decide(va, "0.23.0", force=True, structural_check=compatible)
+    assert d.verdict == REFUSE and not d.forced, d

@@ -82,3 +82,13 @@ def test_fingerprint_table_entry_equals_the_released_wheel(release):
 
     live = drift.fingerprints_in_tree(_tree(release))
     assert live == drift.table()[release]
+
+
+def test_the_moe_enum_patch_is_refused_where_upstream_already_compares_enum_members():
+    """0.23.0's ``unquant_apply_mlp`` compares ``MoEActivation.SWIGLUOAI``: handing it the Enum's string value would
+    make every expert plain SwiGLU. Presented as a build of the 0.18 series, its tree fails layout G's defect check."""
+    d = _decide("0.23.0", "0.18.0", as_version="0.18.1rc1.dev100+gabc")
+    assert d["verdict"] == matrix.REFUSE, d
+    assert any("upstream handles it" in f or "no longer contains" in f for f in d["failures"]), d
+    ok = _decide("0.18.0", "0.18.0", as_version="0.18.1rc1.dev100+gabc")  # control: 0.18.0's own tree passes
+    assert ok["verdict"] == matrix.APPLY and ok["row"] == "0.18.0", ok

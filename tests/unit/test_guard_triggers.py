@@ -1,0 +1,51 @@
+"""Which refused capabilities a configuration uses (:func:`gptoss_patch.patches.guard.refused_in_use`).
+
+The configurations are plain attribute holders with the fields vLLM's ``VllmConfig`` has
+(``model_config.quantization`` / ``enforce_eager``, ``compilation_config.cudagraph_mode``, ``additional_config``);
+the cells build real ``VllmConfig`` objects (tests/cell/native_015/test_native_guard.py). The row capabilities are
+the matrix's own for 0.15.0rc1 and 0.24.0rc1.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+
+from gptoss_patch import matrix
+from gptoss_patch.patches.guard import refused_in_use
+
+
+def caps(release):
+    row = next(r for r in matrix.ROWS if r.vllm_ascend == release)
+    return {name: {"state": cap.state, "note": cap.note} for name, cap in row.caps.items()}
+
+
+def config(mode="PIECEWISE", quantization=None, eager=False, pa=None):
+    return SimpleNamespace(model_config=SimpleNamespace(quantization=quantization, enforce_eager=eager),
+                           compilation_config=SimpleNamespace(cudagraph_mode=mode),
+                           additional_config={"pa_shape_list": pa} if pa else {}, quant_config=None)
+
+
+def names(lines):
+    return [line.split(":")[0] for line in lines]
+
+
+@pytest.mark.parametrize("mode", ["FULL_DECODE_ONLY", "FULL", "FULL_AND_PIECEWISE"])
+def test_full_decode_graphs_are_refused_on_015(mode):
+    assert names(refused_in_use(caps("0.15.0rc1"), config(mode))) == ["attention_graph"]
+
+
+def test_piecewise_and_eager_are_not_refused():
+    assert refused_in_use(caps("0.15.0rc1"), config("PIECEWISE")) == []
+    assert refused_in_use(caps("0.15.0rc1"), config("FULL_DECODE_ONLY", eager=True)) == []
+    assert refused_in_use(caps("0.15.0rc1"), config("PIECEWISE", pa=[1, 2])) == []  # pa_shape_list needs FULL decode
+
+
+def test_pa_shape_list_with_full_decode_graphs_is_refused_where_graphs_keep_the_sinks():
+    lines = refused_in_use(caps("0.20.2rc1"), config("FULL_DECODE_ONLY", pa=[1, 2]))
+    assert names(lines) == ["paged_attention_shapes"] and "pa_shape_list [1, 2]" in lines[0]
+
+
+def test_a_quantized_checkpoint_is_refused_and_bf16_only_on_024():
+    assert names(refused_in_use(caps("0.19.1rc1"), config(quantization="mxfp4"))) == ["quantized_moe"]
+    assert names(refused_in_use(caps("0.24.0rc1"), config())) == ["checkpoint_bf16"]
+    assert refused_in_use(caps("0.23.0"), config()) == []
