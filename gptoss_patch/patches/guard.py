@@ -13,18 +13,21 @@ How
     listing every patch that is not applied, and what to do. Other models never reach it. The guard
     is armed on every decision, including *stand-down* and ``GPTOSS_PATCH_DISABLE=1``: disabling the
     patches does not make garbage acceptable (``GPTOSS_PATCH_ALLOW_UNPATCHED=1`` lets a GPT-OSS model load
-    anyway, for experiments). Three checks, in order:
+    anyway, for experiments). Checks, in order:
 
     1. before the model is built (nothing loaded yet): the row's *refused* capabilities the configuration
-       would use (:func:`refused_in_use`): FULL_DECODE_ONLY graphs where the graph path drops the sinks, a
-       quantized checkpoint, a BF16 checkpoint where loading is broken, an Atlas 310P card;
+       would use (:func:`refused_in_use`): FULL_DECODE_ONLY graphs where the graph path drops the sinks,
+       ``pa_shape_list`` under full decode graphs, a quantized checkpoint, a BF16 checkpoint where loading is
+       broken, an Atlas 310P card; then checkpoint tensors of the wrong shape (:func:`check_checkpoint`,
+       safetensors headers only);
     2. after the build: every patch of the row applied (:func:`check`);
     3. after the build, *what runs* (:func:`unpatched_in_use`): for every object of the model whose class
        derives from a patched target class (the attention impl of each layer, each MoE quant method), the
        method that will run resolves to our wrapper - a subclass with its own override (vllm-ascend 0.14's
-       310P attention ``AscendAttentionBackendImpl310.forward_impl``, a third-party backend) is caught here.
+       310P attention ``AscendAttentionBackendImpl310.forward_impl``, a third-party backend) is caught here;
+       on rows that refuse the 310P, its classes (:func:`p310_in_use`) too.
 Upstream releases
-    vLLM 0.11.0 ... 0.19.1 ``vllm/model_executor/models/gpt_oss.py`` (class name and the keyword-only
+    vLLM 0.11.0 ... 0.30.0 ``vllm/model_executor/models/gpt_oss.py`` (class name and the keyword-only
     ``vllm_config`` stable).
 Remove when
     gptoss-patch itself is removed.
