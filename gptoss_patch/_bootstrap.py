@@ -178,7 +178,7 @@ class _SimulatedNPUFinder:
     into :data:`sys.modules` (and refuses when a real ``torch_npu`` is installed).
     """
 
-    names = ("torch_npu", "torchair")
+    names = ("torch_npu", "torchair", "acl")
 
     def find_spec(self, fullname, path=None, target=None):  # noqa: D102 - importlib protocol
         top = fullname.partition(".")[0]

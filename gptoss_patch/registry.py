@@ -57,6 +57,11 @@ class PatchSpec:
             already takes it is a natively supporting release, not ours to patch).
         rebind_keys: layout keys of modules that bound the target's name by value.
         summary: one line for ``verify``.
+        traced: the target (an instance method) is called inside code TorchDynamo traces (vLLM's compiled model
+            forward, PIECEWISE graph mode). It is then replaced by a plain Python function calling the wrapper, not
+            by a ``wrapt.FunctionWrapper``: Dynamo reads a proxy's forwarded ``__code__``/``__defaults__``, inlines
+            the *original* function (skipping the wrapper) and then fails its own guard on the proxy ("Guard failed
+            on the same frame it was created"). A plain function is inlined with the wrapper in it.
         defect_present: source fragments the target's ``def`` must contain, and
         defect_absent: fragments it must not contain - the upstream defect the patch fixes, read in the target's
             source (a target whose structure still fits but whose defect is gone - fixed upstream, or a release the
@@ -72,6 +77,7 @@ class PatchSpec:
     defect_absent: tuple[str, ...] = ()
     rebind_keys: tuple[str, ...] = ()
     summary: str = ""
+    traced: bool = False
 
 
 @dataclass
@@ -253,6 +259,26 @@ def runtime_check(spec: PatchSpec, obj: Any) -> list[str]:
 # Applying and removing
 # ----------------------------------------------------------------------------------------------
 
+def _plain_method(original: Callable[..., Any], wrapper: Callable[..., Any]) -> Callable[..., Any]:
+    """A plain function standing for the instance method ``original``, calling ``wrapper(bound, self, args, kwargs)``
+    as ``wrapt`` would (``bound`` is ``original`` bound to ``self``). See :attr:`PatchSpec.traced`.
+
+    Raises:
+        TypeError: ``original`` is not a plain function (a classmethod, staticmethod or builtin cannot be traced-patched).
+    """
+    import functools
+    import types
+
+    if not isinstance(original, types.FunctionType):
+        raise TypeError(f"a traced patch needs a plain function as target, got {type(original).__name__}")
+
+    @functools.wraps(original)
+    def patched(self, *args, **kwargs):
+        return wrapper(original.__get__(self, type(self)), self, args, kwargs)
+
+    return patched
+
+
 @dataclass
 class _Applied:
     parent: Any
@@ -333,7 +359,7 @@ class Registry:
             st.drift = drift.classify(st.target, st.fingerprint).text
         except Exception:  # noqa: BLE001 - a fingerprint is informative only
             st.fingerprint = st.drift = None
-        wrapper = wrapt.FunctionWrapper(original, spec.wrapper)
+        wrapper = _plain_method(original, spec.wrapper) if spec.traced else wrapt.FunctionWrapper(original, spec.wrapper)
         setattr(wrapper, MARKER, spec.name)
         try:
             wrapt.apply_patch(parent, attribute, wrapper)

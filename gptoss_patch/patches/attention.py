@@ -288,6 +288,7 @@ PATCHES = [
         wrapper=_forward_011,
         params=("layer", "query", "key", "value", "kv_cache", "attn_metadata", "output", "trace_flag"),
         summary="layers with sinks or a sliding window run fused TND attention with sinks and a 128-key band",
+        traced=True,  # vLLM 0.11's compiled forward calls it with trace_flag=True (PIECEWISE graph mode)
     ),
     PatchSpec(
         name="attention.sink_window_forward_impl",

@@ -54,7 +54,7 @@ def _real_torch_npu_origin() -> str | None:
 
 
 def _build_modules() -> dict[str, types.ModuleType]:
-    from gptoss_patch.testing.npu_sim import device, graph, ops
+    from gptoss_patch.testing.npu_sim import device, distributed, graph, ops, runtime
 
     mods: dict[str, types.ModuleType] = {}
 
@@ -68,29 +68,34 @@ def _build_modules() -> dict[str, types.ModuleType]:
     npu_attrs = {k: getattr(device, k) for k in (
         "Stream", "Event", "current_stream", "default_stream", "set_stream", "stream", "current_device",
         "device_count", "is_available", "set_device", "device", "synchronize", "get_device_name",
-        "get_soc_version", "mem_get_info", "empty_cache", "set_compile_mode", "config", "_lazy_init",
+        "get_soc_version", "empty_cache", "set_compile_mode", "config", "_lazy_init",
         "_is_in_bad_fork", "manual_seed", "manual_seed_all")}
     npu_attrs.update(graph.NAMESPACE)
+    memory = {k: getattr(runtime, k) for k in ("mem_get_info", "memory_stats", "memory_allocated",
+                                                 "max_memory_allocated", "reset_peak_memory_stats")}
+    npu_attrs.update(memory)
 
     add("torch_npu", {"__version__": "2.7.1+gptoss.sim", **ops.OPS})
     add("torch_npu.npu", npu_attrs)
     add("torch_npu.npu.streams", {"Stream": device.Stream, "Event": device.Event,
                                   "ExternalEvent": graph.ExternalEvent})
     add("torch_npu.npu.graphs", dict(graph.NAMESPACE))
-    add("torch_npu.npu.memory")
+    add("torch_npu.npu.memory", memory)
     add("torch_npu.npu.utils", {"get_soc_version": device.get_soc_version})
     add("torch_npu._C", {"_npu_get_soc_version": device.get_soc_version,
                          "_NPUTaskGroupHandle": graph.TaskGroupHandle})
-    add("torch_npu._C._distributed_c10d")
+    add("torch_npu._C._distributed_c10d", {"ProcessGroupHCCL": distributed.ProcessGroupHCCL})
     add("torch_npu.profiler")
     add("torch_npu.profiler.dynamic_profile")
     add("torch_npu._inductor")
     add("torch_npu.op_plugin")
     add("torch_npu.op_plugin.atb")
-    add("torch_npu.op_plugin.atb._atb_ops")
+    add("torch_npu.op_plugin.atb._atb_ops", {"_register_atb_extensions": runtime.register_atb_extensions})
     add("torch_npu.contrib")
     add("torch_npu.dynamo")
     add("torch_npu.utils")
+    add("acl", {"rt": None})
+    add("acl.rt")
     add("torchair")
     for sub in ("scope", "ops", "ge", "inference", "core", "configs", "_ge_concrete_graph"):
         add(f"torchair.{sub}")
@@ -145,9 +150,16 @@ def install(force: bool = False, children: bool = True) -> types.ModuleType:
         from gptoss_patch.testing.npu_sim import device
 
         device.mirror_privateuse1_kernels_to_cpu()
+        device.register_accelerator_hooks()
         device.enter_device_mapping()
         device.give_gloo_an_hccl_name()
         device.add_is_hccl_available()
+        from gptoss_patch.testing.npu_sim import distributed
+
+        distributed.register_hccl_backend()
+        from gptoss_patch.testing.npu_sim import torch_compat
+
+        torch_compat.install()
         from gptoss_patch.testing.npu_sim.ops import moe as _moe_ops
 
         _moe_ops.register_c_ascend_ops()

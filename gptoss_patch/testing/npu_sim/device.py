@@ -7,7 +7,7 @@ misuse is still an error. The one exception is work an NPU graph replay leaves q
 ``ExternalEvent`` wait (``graph.py``): while a stream is blocked that way, ``synchronize``, ``query``,
 ``wait_stream`` and events recorded on it follow the queued work through the hooks ``graph.py`` installs
 in :data:`_runtime` (without queued graph work the behaviour is the plain synchronous one). Device memory
-*is* host memory: ``mem_get_info`` reports the host's available/total memory (``/proc/meminfo``),
+*is* host memory (its accounting is in ``runtime.py``),
 ``synchronize`` is a no-op because every CPU op has completed when it returns.
 
 The simulated device is an Atlas A2 (Ascend910B1, SoC version 220), matching the
@@ -207,16 +207,6 @@ def get_soc_version() -> int:
     return SOC_VERSION
 
 
-def mem_get_info(device: Any = None) -> tuple[int, int]:
-    """``(free_bytes, total_bytes)`` of the simulated device = the host's MemAvailable / MemTotal."""
-    info = {}
-    with open("/proc/meminfo", encoding="ascii") as fh:
-        for line in fh:
-            key, _, rest = line.partition(":")
-            info[key] = int(rest.split()[0]) * 1024
-    return info["MemAvailable"], info["MemTotal"]
-
-
 def empty_cache() -> None:
     """Release cached blocks: the simulator keeps no caching allocator."""
 
@@ -309,6 +299,10 @@ def enter_device_mapping() -> None:
                 # shares host memory; PyTorch's CPU pin_memory would ask for the PrivateUse1 hooks the simulator
                 # does not register. Return a copy, as pin_memory() of an unpinned tensor does.
                 return args[0].clone()
+            if kwargs.get("pin_memory"):
+                # ``torch.zeros(..., pin_memory=True)`` (NPUModelRunner's host staging buffers): page-locked host
+                # memory, a transfer-speed property; the same allocation unpinned has the same values.
+                kwargs = dict(kwargs, pin_memory=False)
             dev = kwargs.get("device")
             # an int device is an index of the accelerator (torch.npu.current_device() returns one)
             if dev is not None and (_is_npu(dev) or (isinstance(dev, int) and not isinstance(dev, bool))):
@@ -329,6 +323,10 @@ def enter_device_mapping() -> None:
 
         npu._gptoss_sim = True  # type: ignore[attr-defined]
         torch.Tensor.npu = npu  # type: ignore[attr-defined]
+    if not hasattr(torch.Tensor, "is_npu"):
+        # what torch.utils.generate_methods_for_privateuse1_backend() defines (``device.type == "npu"``); TorchDynamo's
+        # get_testing_overrides() reads it. Simulated NPU tensors are host tensors, so it answers as their device does.
+        torch.Tensor.is_npu = property(lambda self: self.device.type == "npu")  # type: ignore[attr-defined]
 
 
 def give_gloo_an_hccl_name() -> None:
@@ -351,6 +349,61 @@ def give_gloo_an_hccl_name() -> None:
         return f"gptoss-sim-gloo-rank{rank}"
 
     cls.get_hccl_comm_name = get_hccl_comm_name
+
+
+def register_accelerator_hooks() -> None:
+    """Register the simulated NPU with PyTorch's accelerator layer (``torch.accelerator``), as torch_npu does in C++.
+
+    Renaming PrivateUse1 to ``npu`` and registering ``torch.npu`` make ``torch.accelerator.current_accelerator()``
+    answer ``npu``; the C++ side then wants the backend's hooks and device guard (``PrivateUse1HooksInterface``,
+    ``DeviceGuardImplInterface``), which the real torch_npu registers from C++. Without them, TorchDynamo (used by
+    vLLM's piecewise compilation) fails at ``torch.accelerator.current_stream()`` and ``pin_memory=True`` fails.
+    PyTorch's Python registration (``torch._C._acc.register_python_privateuseone_hook`` /
+    ``register_python_privateuseone_device_guard``, the mechanism of
+    ``torch.utils.backend_registration._setup_privateuseone_for_python_backend``, torch 2.9+) gives one device,
+    index 0, whose current stream is its default stream (id 0): true of the one simulated NPU of a process. Idempotent.
+    """
+    import torch
+
+    acc = getattr(torch._C, "_acc", None)
+    if acc is None or getattr(register_accelerator_hooks, "_done", False):
+        return
+
+    class _Hooks(acc.PrivateUse1Hooks):
+        def is_available(self) -> bool:
+            return True
+
+        def has_primary_context(self, dev_id: int) -> bool:
+            return True
+
+        def is_built(self) -> bool:
+            return True
+
+    class _Guard(acc.DeviceGuard):
+        def type_(self):
+            return torch._C._autograd.DeviceType.PrivateUse1
+
+    # keep references: the C++ side holds raw pointers to these objects
+    register_accelerator_hooks._objects = (_Hooks(), _Guard())  # type: ignore[attr-defined]
+    acc.register_python_privateuseone_hook(register_accelerator_hooks._objects[0])
+    acc.register_python_privateuseone_device_guard(register_accelerator_hooks._objects[1])
+    # The simulator maps every ``torch.device("npu", i)`` to the host device (enter_device_mapping), so the
+    # accelerator API receives ``cpu`` where the program named the NPU (TorchDynamo's stream guards evaluate
+    # ``torch.device('npu', 0)``): read a host device as the simulated NPU's index.
+    import torch.accelerator as accel
+    import torch.accelerator._utils as accel_utils
+
+    original = accel_utils._get_device_index
+
+    def _get_device_index(device, optional: bool = False) -> int:
+        if isinstance(device, torch.device) and device.type == "cpu":
+            return 0 if device.index is None else device.index
+        return original(device, optional)
+
+    accel_utils._get_device_index = _get_device_index
+    if getattr(accel, "_get_device_index", None) is original:
+        accel._get_device_index = _get_device_index
+    register_accelerator_hooks._done = True  # type: ignore[attr-defined]
 
 
 def add_is_hccl_available() -> None:

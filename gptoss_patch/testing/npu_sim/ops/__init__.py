@@ -32,3 +32,8 @@ for _family in _FAMILIES:
         if _name in OPS:
             raise RuntimeError(f"emulated operator {_name!r} defined twice")
         OPS[_name] = _route(_name, _fn)
+
+# Operators that run inside vLLM's compiled regions become opaque custom-operator nodes for TorchDynamo (opaque.py).
+from gptoss_patch.testing.npu_sim.ops.opaque import make_opaque as _make_opaque  # noqa: E402
+
+OPS = _make_opaque(OPS)

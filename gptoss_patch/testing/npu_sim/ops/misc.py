@@ -12,6 +12,9 @@ Sources:
   (``vllm_ascend/ops/rotary_embedding.py``); semantics = vLLM's ``RotaryEmbedding.forward_native``
   (``vllm/model_executor/layers/rotary_embedding/base.py``): ``cos, sin = cache[pos].chunk(2)``; NeoX
   style rotates the two halves of the rotary dims, GPT-J style the even/odd pairs.
+* ``_npu_matmul_add_fp32(x, weight, c)``: ATB MatmulAdd, ``c += x.T @ weight`` in place with ``c`` float32 and
+  ``x``/``weight`` float16/bfloat16 (Ascend MindSpeed ``docs/ops/npu_matmul_add.md``: "product = torch.mm(x.T,
+  weight); result = product + C"); vllm-ascend's worker calls it once to warm ATB up (``_warm_up_atb``).
 * ``npu_prefetch``: an L2-cache prefetch hint (``torch_npu-npu_prefetch.md``); no effect on values.
 """
 
@@ -104,6 +107,28 @@ def _npu_rotary_embedding(positions: torch.Tensor, query: torch.Tensor, key: tor
         v[..., :rot] = out.to(x.dtype)
 
 
+def _npu_matmul_add_fp32(x: torch.Tensor, weight: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """``torch_npu._npu_matmul_add_fp32``: ``c += x.T @ weight``, accumulated in float32, in place.
+
+    Args:
+        x: ``[K, M]`` float16/bfloat16; weight: ``[K, N]`` float16/bfloat16; c: ``[M, N]`` float32.
+
+    Returns:
+        ``c``.
+
+    Raises:
+        RuntimeError: ``c`` is not float32 or the shapes do not chain.
+    """
+    if c.dtype != torch.float32:
+        raise RuntimeError(f"_npu_matmul_add_fp32: c must be float32, got {c.dtype}")
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[0] != weight.shape[0] or \
+            tuple(c.shape) != (x.shape[1], weight.shape[1]):
+        raise RuntimeError(f"_npu_matmul_add_fp32: x {list(x.shape)}, weight {list(weight.shape)}, c {list(c.shape)}: "
+                           "need x [K, M], weight [K, N], c [M, N]")
+    c.add_(x.float().T @ weight.float())
+    return c
+
+
 def npu_prefetch(*args: Any, **kwargs: Any) -> None:
     """``torch_npu.npu_prefetch``: cache prefetch hint; changes no value (nothing to do on the CPU)."""
 
@@ -113,4 +138,5 @@ OPS = {
     "npu_add_rms_norm": npu_add_rms_norm,
     "_npu_rotary_embedding": _npu_rotary_embedding,
     "npu_prefetch": npu_prefetch,
+    "_npu_matmul_add_fp32": _npu_matmul_add_fp32,
 }
