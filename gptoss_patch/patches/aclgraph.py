@@ -325,6 +325,33 @@ def _workspace(gp: Any, key: tuple, make: Callable[[], Any]) -> Any:
 # capture
 
 
+def _capture_lengths(attn_metadata: Any, size: int) -> tuple[list[int], list[int]]:
+    """Query (cumulative) and KV lengths for the captured launch of a DecodeOnly batch of ``size`` rows.
+
+    The real step's lengths when the metadata has them (:func:`gptoss_patch.kernels.attention.decode_launch_lengths`).
+    vLLM-ascend 0.11's capture dummy run does not: ``NPUModelRunner._build_attention_metadata`` (``aclgraph_runtime_mode
+    == FULL``) hands the builder the runner's ``query_start_loc_cpu`` buffer as it stands before any request - all
+    zeros - so ``actual_seq_lengths_q`` is ``[0, ..., 0]`` while ``num_actual_tokens`` is ``size`` (found by running
+    vLLM's real engine on the simulator). The lengths captured then are placeholders the per-step update replaces
+    before every replay (:func:`update_attn_params`), as upstream's own paged-attention capture does: one query token
+    per row, and the metadata's KV lengths (at least 1) for the rows.
+
+    Raises:
+        ValueError: lengths that are neither a real step's nor the all-zero capture buffer.
+    """
+    from gptoss_patch.kernels import attention as kernels
+
+    q = list(attn_metadata.actual_seq_lengths_q)
+    try:
+        return kernels.decode_launch_lengths(q, attn_metadata.seq_lens_list, attn_metadata.num_actual_tokens, size)
+    except ValueError:
+        if not q or any(q) or attn_metadata.num_actual_tokens != size:
+            raise
+    kv = [max(int(x), 1) for x in list(attn_metadata.seq_lens_list)[:size]]
+    kv += [1] * (size - len(kv))
+    return list(range(1, size + 1)), kv
+
+
 def capture_decode(impl: Any, layer_name: str | None, query: Any, output: Any, attn_metadata: Any) -> Any:
     """Capture one GPT-OSS decode attention as an updatable task; record it in ``get_graph_params()``.
 
@@ -369,8 +396,7 @@ def capture_decode(impl: Any, layer_name: str | None, query: Any, output: Any, a
     _check_update_patched(name, size)
     sinks = impl.sinks
     path = kernels.graph_path(sinks is not None)
-    q_cu, kv = kernels.decode_launch_lengths(attn_metadata.actual_seq_lengths_q, attn_metadata.seq_lens_list,
-                                             attn_metadata.num_actual_tokens, size)
+    q_cu, kv = _capture_lengths(attn_metadata, size)
     block_table = attn_metadata.block_tables
     if block_table.shape[0] != len(q_cu):
         raise AclGraphCaptureError(name, size, f"block table has {block_table.shape[0]} rows for {len(q_cu)} "

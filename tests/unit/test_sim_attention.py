@@ -612,7 +612,18 @@ def test_reshape_and_cache_scatters_and_skips_negative_slots():
     assert torch.equal(kc, ek) and torch.equal(vc, ev)
 
 
-@pytest.mark.parametrize("slots,match", [([1, 1, 2], "more than once"), ([0, 64, 2], "out of range")])
+def test_reshape_and_cache_repeated_slot_is_undefined():
+    """A slot named twice (vLLM's dummy runs) does not fail, as on the device; its content is NaN (undefined), the
+    other slots are written."""
+    kc, vc = torch.zeros(4, 16, 1, 16), torch.zeros(4, 16, 1, 16)
+    key, value = torch.arange(3.0).view(3, 1, 1).expand(3, 1, 16).contiguous(), torch.ones(3, 1, 16)
+    assert A._npu_reshape_and_cache(key, value, kc, vc, torch.tensor([1, 1, 2], dtype=torch.int32)) is None
+    assert torch.isnan(kc[0, 1]).all() and torch.isnan(vc[0, 1]).all()
+    assert torch.equal(kc[0, 2], torch.full((1, 16), 2.0)) and torch.equal(vc[0, 2], torch.ones(1, 16))
+    assert not torch.isnan(kc[0, 0]).any() and not torch.isnan(kc[0, 3:]).any()
+
+
+@pytest.mark.parametrize("slots,match", [([0, 64, 2], "out of range")])
 def test_reshape_and_cache_rejects_bad_slots(slots, match):
     kc, vc = torch.zeros(4, 16, 1, 16), torch.zeros(4, 16, 1, 16)
     with pytest.raises(RuntimeError, match=match):

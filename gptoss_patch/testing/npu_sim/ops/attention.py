@@ -1392,8 +1392,13 @@ def _npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
 
     Raises:
         RuntimeError: dtype/shape mismatches, non-contiguous caches, slot_indices not int32 of length T, a slot
-            >= num_blocks * block_size, or the same non-negative slot twice (ATB ReshapeAndCache: slot values
-            lie in ``(-num_blocks*block_size, num_blocks*block_size)`` and are not repeated).
+            >= num_blocks * block_size.
+
+    A slot named more than once breaks the operator's precondition (ATB ReshapeAndCache: slot values lie in
+    ``(-num_blocks*block_size, num_blocks*block_size)`` and are not repeated) but is not checked by the kernel, which
+    writes the tokens in parallel: the slot's content is then undefined. vLLM's warm-up and graph-capture dummy runs do
+    exactly that (a zero-filled ``slot_mapping``). The simulator writes NaN into such a slot, so the call succeeds as
+    on the device and any later read of the slot poisons what is computed from it instead of passing silently.
 
     Sources: OPC-atb ``ReshapeAndCachAtb.cpp``; OPT-test_atb_reshape_and_cache.py ``cal_nd``; ATB
     ReshapeAndCacheOperation doc (hiascend canncommercial 80RC3 ascendtb_01_0089); npu_ops.md §4.4.
@@ -1425,12 +1430,17 @@ def _npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
                   f"{block_size} ({total} slots)")
     keep = slots >= 0
     idx = slots[keep]
-    if idx.numel() != torch.unique(idx).numel():
-        _fail(op, "slot_indices contains the same non-negative slot more than once")
     if idx.numel() == 0:
         return
-    key_cache.view(total, kvn, key_cache.shape[3]).index_copy_(0, idx, key[keep])
-    value_cache.view(total, kvn, value_cache.shape[3]).index_copy_(0, idx, value[keep])
+    uniq, counts = torch.unique(idx, return_counts=True)
+    kflat = key_cache.view(total, kvn, key_cache.shape[3])
+    vflat = value_cache.view(total, kvn, value_cache.shape[3])
+    kflat.index_copy_(0, idx, key[keep])
+    vflat.index_copy_(0, idx, value[keep])
+    repeated = uniq[counts > 1]
+    if repeated.numel():
+        kflat[repeated] = float("nan")
+        vflat[repeated] = float("nan")
 
 
 #: Operators contributed to the simulated ``torch_npu`` (merged by ``npu_sim.ops``).
