@@ -165,18 +165,14 @@ def _writer_key() -> str:
     return h.hexdigest()[:10]
 
 
-def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32", graph: bool = False) -> Report:
-    """Run the main job once (eager, or FULL_DECODE_ONLY ACL graphs for the decode steps); return the report."""
-    import gptoss_patch
-    from gptoss_patch.testing.runner import SimulatedGptOss, ascend_context
+def ensure_checkpoint(workdir: Path, seed: int = 0) -> Path:
+    """The tiny GPT-OSS checkpoint (preset ``tiny``, with tokenizer files) of ``seed`` under ``workdir``, written on
+    first use whole into a temporary directory and then renamed, and keyed by :func:`_writer_key`."""
     from gptoss_patch.testing.tiny import write_checkpoint
 
-    report = Report(mode=f"{'FULL_DECODE_ONLY graph' if graph else 'eager'}, {dtype}",
-                    logit_tolerance=LOGIT_TOLERANCE[dtype])
-    t0 = time.perf_counter()
     workdir.mkdir(parents=True, exist_ok=True)
     checkpoint = workdir / f"gpt-oss-tiny-seed{seed}-{_writer_key()}"
-    if not (checkpoint / ".complete").exists():  # written whole into a temporary directory, then renamed
+    if not (checkpoint / ".complete").exists():
         import shutil
         import tempfile
 
@@ -185,6 +181,18 @@ def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32", g
         (tmp / ".complete").write_text("ok\n")
         shutil.rmtree(checkpoint, ignore_errors=True)
         os.replace(tmp, checkpoint)
+    return checkpoint
+
+
+def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32", graph: bool = False) -> Report:
+    """Run the main job once (eager, or FULL_DECODE_ONLY ACL graphs for the decode steps); return the report."""
+    import gptoss_patch
+    from gptoss_patch.testing.runner import SimulatedGptOss, ascend_context
+
+    report = Report(mode=f"{'FULL_DECODE_ONLY graph' if graph else 'eager'}, {dtype}",
+                    logit_tolerance=LOGIT_TOLERANCE[dtype])
+    t0 = time.perf_counter()
+    checkpoint = ensure_checkpoint(workdir, seed)
     encoding = harmony_encoding(workdir / "vocab")
     prompts = render_prompts(encoding)
     report.seconds["setup"] = round(time.perf_counter() - t0, 1)

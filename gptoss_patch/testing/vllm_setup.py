@@ -159,17 +159,12 @@ def worker_patch_report() -> dict[str, list[str]]:
 
 
 def _adapt_worker_patches() -> None:
-    """``vllm_ascend.utils.adapt_patch()`` (``from vllm_ascend.patch import worker``), tolerating ``torchvision``.
-
-    When the package import stops on ``torchvision``, run ``vllm_ascend/patch/worker/__init__.py`` statement by
-    statement in a fresh package module, as the import would (modules already imported are not re-run), skipping the
-    statements whose imports need ``torchvision``.
+    """``vllm_ascend.utils.adapt_patch()`` (``from vllm_ascend.patch import worker``), tolerating ``torchvision``
+    (see :func:`import_worker_patches_without_torchvision`).
 
     Raises:
         ModuleNotFoundError / any error of a worker patch other than a missing ``torchvision``.
     """
-    import ast
-    import importlib.util
     import sys
 
     import vllm_ascend.utils as vu
@@ -182,8 +177,28 @@ def _adapt_worker_patches() -> None:
     except ModuleNotFoundError as exc:
         if exc.name != "torchvision":
             raise
+    import_worker_patches_without_torchvision()
+
+
+def import_worker_patches_without_torchvision() -> list[str]:
+    """Import ``vllm_ascend.patch.worker`` when its package import stopped on ``torchvision``.
+
+    Runs ``vllm_ascend/patch/worker/__init__.py`` statement by statement in a fresh package module, as the import
+    would (modules already imported are not re-run), skipping the statements whose imports need ``torchvision``
+    (vllm-ascend >= 0.12's patches for vision models; no torchvision release installs beside the cells' CPU
+    torch 2.13.0). Returns the skipped statements (also kept for :func:`worker_patch_report`).
+
+    Raises:
+        ModuleNotFoundError / any error of a worker patch other than a missing ``torchvision``.
+    """
+    import ast
+    import importlib.util
+    import sys
+
     import vllm_ascend.patch as parent
 
+    if "vllm_ascend.patch.worker" in sys.modules:
+        return list(_skipped_worker_patches)
     spec = importlib.util.find_spec("vllm_ascend.patch.worker")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -201,6 +216,7 @@ def _adapt_worker_patches() -> None:
         sys.modules.pop(spec.name, None)
         raise
     parent.worker = module
+    return list(_skipped_worker_patches)
 
 
 def _init_runner_globals(cfg: Any) -> None:

@@ -160,6 +160,8 @@ def install(force: bool = False, children: bool = True) -> types.ModuleType:
         from gptoss_patch.testing.npu_sim import torch_compat
 
         torch_compat.install()
+        torch_compat.install_worker_patch_tolerance()
+        torch_compat.settle_custom_op_probe()
         from gptoss_patch.testing.npu_sim.ops import moe as _moe_ops
 
         _moe_ops.register_c_ascend_ops()

@@ -23,6 +23,8 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
+from torch.overrides import TorchFunctionMode
+
 #: ACL SoC version of Ascend910B1 (torch_npu ``NpuVariables.h`` ``SocVersion::Ascend910B1``).
 SOC_VERSION = 220
 SOC_NAME = "Ascend910B1"
@@ -272,6 +274,31 @@ _mode = None
 _PIN_MEMORY = None
 
 
+class NPUOnCPU(TorchFunctionMode):
+    """Rewrites ``device`` arguments that name the NPU to ``"cpu"`` (see :func:`enter_device_mapping`). At module
+    level so that TorchDynamo can name it when vLLM (0.13+) saves a compiled model as a package."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _PIN_MEMORY:
+            # ``Tensor.pin_memory()`` (vllm-ascend 0.15's metadata builder calls it before ``.to("npu")``):
+            # page-locking is a transfer-speed property with no effect on values, and the simulated device
+            # shares host memory; PyTorch's CPU pin_memory would ask for the PrivateUse1 hooks the simulator
+            # does not register. Return a copy, as pin_memory() of an unpinned tensor does.
+            return args[0].clone()
+        if kwargs.get("pin_memory"):
+            # ``torch.zeros(..., pin_memory=True)`` (NPUModelRunner's host staging buffers): page-locked host
+            # memory, a transfer-speed property; the same allocation unpinned has the same values.
+            kwargs = dict(kwargs, pin_memory=False)
+        dev = kwargs.get("device")
+        # an int device is an index of the accelerator (torch.npu.current_device() returns one)
+        if dev is not None and (_is_npu(dev) or (isinstance(dev, int) and not isinstance(dev, bool))):
+            kwargs = dict(kwargs, device="cpu")
+        if any(_is_npu(a) for a in args):
+            args = tuple("cpu" if _is_npu(a) else a for a in args)
+        return func(*args, **kwargs)
+
+
 def enter_device_mapping() -> None:
     """Map every NPU device request to the CPU, for the current thread (idempotent).
 
@@ -284,32 +311,8 @@ def enter_device_mapping() -> None:
     """
     global _mode, _PIN_MEMORY
     import torch
-    from torch.overrides import TorchFunctionMode
 
     _PIN_MEMORY = torch.Tensor.pin_memory
-
-    class NPUOnCPU(TorchFunctionMode):
-        """Rewrites ``device`` arguments that name the NPU to ``"cpu"``."""
-
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if func is _PIN_MEMORY:
-                # ``Tensor.pin_memory()`` (vllm-ascend 0.15's metadata builder calls it before ``.to("npu")``):
-                # page-locking is a transfer-speed property with no effect on values, and the simulated device
-                # shares host memory; PyTorch's CPU pin_memory would ask for the PrivateUse1 hooks the simulator
-                # does not register. Return a copy, as pin_memory() of an unpinned tensor does.
-                return args[0].clone()
-            if kwargs.get("pin_memory"):
-                # ``torch.zeros(..., pin_memory=True)`` (NPUModelRunner's host staging buffers): page-locked host
-                # memory, a transfer-speed property; the same allocation unpinned has the same values.
-                kwargs = dict(kwargs, pin_memory=False)
-            dev = kwargs.get("device")
-            # an int device is an index of the accelerator (torch.npu.current_device() returns one)
-            if dev is not None and (_is_npu(dev) or (isinstance(dev, int) and not isinstance(dev, bool))):
-                kwargs = dict(kwargs, device="cpu")
-            if any(_is_npu(a) for a in args):
-                args = tuple("cpu" if _is_npu(a) else a for a in args)
-            return func(*args, **kwargs)
 
     if getattr(_state, "mapped", False):
         return

@@ -393,6 +393,35 @@ class _CaptureMode(TorchDispatchMode):
         return result
 
 
+def _register_functionalization_rules() -> None:
+    """Capture rules for the higher-order operators ``auto_functionalized`` / ``auto_functionalized_v2``.
+
+    vLLM's compiled regions are functionalized (vLLM 0.13+): a mutating custom operator such as vLLM's own
+    ``vllm::moe_forward`` (``mutates_args=["hidden_states"]``) appears as ``auto_functionalized_v2(op, ...)``, which
+    dispatch modes must interpret. The dense implementation (PyTorch ``torch/_higher_order_ops/auto_functionalize.py``:
+    clone the mutated bases, call the operator on the clones, return them) is what runs eagerly and on the device;
+    during a capture it runs with the recorder active, so the clones and the operator's kernels become graph nodes.
+    """
+    try:
+        from torch._higher_order_ops import auto_functionalize as af
+    except ImportError:  # an older torch without these operators: nothing to interpret
+        return
+    for hop, dense in (("auto_functionalized", "auto_functionalized_dense"),
+                       ("auto_functionalized_v2", "auto_functionalized_v2_dense")):
+        op, impl = getattr(af, hop, None), getattr(af, dense, None)
+        if op is None or impl is None or _CaptureMode in getattr(op, "python_key_table", {}):
+            continue
+
+        def rule(mode, *args, _impl=impl, **kwargs):
+            with _CaptureMode(mode.cap):
+                return _impl(*args, **kwargs)
+
+        op.py_impl(_CaptureMode)(rule)
+
+
+_register_functionalization_rules()
+
+
 # --------------------------------------------------------------------------------------------------------------
 # streams: queued (blocked) work
 

@@ -17,7 +17,7 @@ installed with the simulator, never by the product.
 
 from __future__ import annotations
 
-__all__ = ["install"]
+__all__ = ["install", "install_worker_patch_tolerance", "settle_custom_op_probe"]
 
 
 def _wrap(module) -> None:
@@ -60,3 +60,101 @@ def install() -> None:
     import wrapt
 
     wrapt.register_post_import_hook(hook, name)
+
+
+class _WorkerPatchLoader:
+    """Executes ``vllm_ascend/patch/worker/__init__.py`` statement by statement, skipping those whose imports stop
+    on a missing ``torchvision`` (see :func:`install_worker_patch_tolerance`)."""
+
+    def __init__(self, origin: str):
+        self.origin = origin
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        import ast
+        import logging
+
+        from gptoss_patch.testing import vllm_setup
+
+        source = open(self.origin, encoding="utf-8").read()
+        skipped = []
+        for node in ast.parse(source, self.origin).body:
+            code = compile(ast.Module([node], []), self.origin, "exec")
+            try:
+                exec(code, module.__dict__)  # noqa: S102 - upstream's own package __init__, one statement at a time
+            except ModuleNotFoundError as exc:
+                if exc.name != "torchvision":
+                    raise
+                skipped.append(ast.unparse(node))
+        vllm_setup._skipped_worker_patches.extend(s for s in skipped if s not in vllm_setup._skipped_worker_patches)
+        if skipped:
+            logging.getLogger("vllm.gptoss_patch").warning(
+                "NPU simulator: vllm-ascend worker patches not applied (they import torchvision, absent here; vision "
+                "models only): %s", "; ".join(skipped))
+
+
+class _WorkerPatchFinder:
+    """Meta-path finder serving ``vllm_ascend.patch.worker`` through :class:`_WorkerPatchLoader`."""
+
+    name = "vllm_ascend.patch.worker"
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        import importlib.machinery
+
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or not spec.origin:
+            return None
+        spec.loader = _WorkerPatchLoader(spec.origin)
+        return spec
+
+    def invalidate_caches(self):
+        pass
+
+
+def install_worker_patch_tolerance() -> None:
+    """Let vllm-ascend's real worker import its worker patches without ``torchvision`` (idempotent).
+
+    ``vllm_ascend.patch.worker`` (imported by ``NPUWorker.__init__`` through ``adapt_patch()`` and, from 0.13, by
+    ``worker/model_runner_v1.py`` at import) imports vision-model patches needing ``torchvision`` from vllm-ascend
+    0.12 on; no torchvision release installs beside the cells' CPU torch 2.13.0 (a property of the test environment,
+    like the Dynamo shim above). A meta-path finder loads that one package statement by statement, skipping (and
+    logging) exactly the statements whose imports stop on ``torchvision``; every other worker patch is applied.
+    """
+    import sys
+
+    if not any(isinstance(f, _WorkerPatchFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _WorkerPatchFinder())
+
+
+def settle_custom_op_probe() -> None:
+    """Answer vllm-ascend's ``enable_custom_op()`` once, outside any compiled region (idempotent).
+
+    ``vllm_ascend.utils.enable_custom_op()`` (0.12+) imports the compiled extension ``vllm_ascend.vllm_ascend_C`` on
+    its first call and caches the answer. Layers call it from their ``forward`` (e.g. ``AscendRMSNorm.forward_oot``,
+    0.13.0), so on a host without the extension the first call can happen while TorchDynamo traces the model, where a
+    failing import is a hard error ("Import failure") instead of the ``False`` upstream expects. Calling it as soon as
+    ``vllm_ascend.utils`` is imported gives the same cached answer (``False``: the simulator has no vllm-ascend C
+    extension, so upstream's pure-PyTorch fallbacks run, as they would eagerly).
+    """
+    import sys
+
+    def hook(_module) -> None:
+        utils = sys.modules.get("vllm_ascend.utils")
+        probe = getattr(utils, "enable_custom_op", None)
+        if callable(probe):
+            probe()
+
+    # vllm_ascend.utils itself imports torch_npu (which installs the simulator) before it defines the probe, so the
+    # probe is answered when the modules whose layers call it have been imported (they import vllm_ascend.utils
+    # whole), before any model is built.
+    import wrapt
+
+    for name in ("vllm_ascend.ops.layernorm", "vllm_ascend.worker.worker_v1", "vllm_ascend.worker.worker"):
+        if name in sys.modules:
+            hook(sys.modules[name])
+        else:
+            wrapt.register_post_import_hook(hook, name)

@@ -29,8 +29,8 @@ def _fake_add_rms_norm(x1, x2, gamma, epsilon=1e-6):
     return y, rstd, torch.empty_like(x1)
 
 
-def _fake_none(*args, **kwargs):
-    return None
+def _fake_rotary(positions, query, key, head_size, cos_sin_cache, is_neox_style):
+    return torch.empty_like(query), torch.empty_like(key)
 
 
 #: name -> (schema without the name, fake implementation). Schemas follow op-plugin's declarations of the same ops.
@@ -38,9 +38,16 @@ SCHEMAS: dict[str, tuple[str, Callable[..., Any]]] = {
     "npu_rms_norm": ("(Tensor x, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor)", _fake_rms_norm),
     "npu_add_rms_norm": ("(Tensor x1, Tensor x2, Tensor gamma, float epsilon=1e-06) -> (Tensor, Tensor, Tensor)",
                          _fake_add_rms_norm),
-    "_npu_rotary_embedding": ("(Tensor positions, Tensor(a!) query, Tensor(b!) key, int head_size, "
-                              "Tensor cos_sin_cache, bool is_neox_style) -> ()", _fake_none),
+    # in place on the device; here a functional node returning the rotated copies, which the caller writes back with
+    # ``copy_`` (a mutating custom op would be wrapped by functionalization in ``auto_functionalized``, a
+    # higher-order operator that graph capture would have to interpret)
+    "_npu_rotary_embedding": ("(Tensor positions, Tensor query, Tensor key, int head_size, Tensor cos_sin_cache, "
+                              "bool is_neox_style) -> (Tensor, Tensor)", _fake_rotary),
 }
+
+#: Operators that work in place on the device: the custom operator returns the new values of these arguments and
+#: the caller copies them back (see :data:`SCHEMAS`).
+IN_PLACE = {"_npu_rotary_embedding": ("query", "key")}
 
 _lib = None
 
@@ -56,7 +63,7 @@ def make_opaque(ops: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., A
             if name not in ops:
                 continue
             _lib.define(name + schema)
-            _lib.impl(name, ops[name], "CompositeExplicitAutograd")
+            _lib.impl(name, _functional(name, ops[name]) if name in IN_PLACE else ops[name], "CompositeExplicitAutograd")
             torch.library.register_fake(f"gptoss_sim::{name}", fake, lib=_lib)
     out = dict(ops)
     for name in SCHEMAS:
@@ -65,11 +72,38 @@ def make_opaque(ops: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., A
     return out
 
 
+def _functional(name: str, emulated: Callable[..., Any]) -> Callable[..., Any]:
+    """The in-place ``emulated`` run on copies of its :data:`IN_PLACE` arguments, returning the copies."""
+    import inspect
+
+    sig = inspect.signature(getattr(emulated, "__wrapped__", emulated))
+
+    def impl(*args: Any, **kwargs: Any) -> tuple:
+        bound = sig.bind(*args, **kwargs)
+        for arg in IN_PLACE[name]:
+            bound.arguments[arg] = bound.arguments[arg].clone()
+        emulated(*bound.args, **bound.kwargs)
+        return tuple(bound.arguments[arg] for arg in IN_PLACE[name])
+
+    return impl
+
+
 def _caller(name: str, emulated: Callable[..., Any]) -> Callable[..., Any]:
     packet = getattr(torch.ops.gptoss_sim, name)
+    if name in IN_PLACE:
+        import inspect
 
-    def call(*args: Any, **kwargs: Any) -> Any:
-        return packet(*args, **kwargs)
+        sig = inspect.signature(getattr(emulated, "__wrapped__", emulated))
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            bound = sig.bind(*args, **kwargs)
+            new = packet(*bound.args, **bound.kwargs)
+            for arg, value in zip(IN_PLACE[name], new):
+                bound.arguments[arg].copy_(value)
+            return None
+    else:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return packet(*args, **kwargs)
 
     call.__name__ = call.__qualname__ = name
     call.__doc__ = f"``torch_npu.{name}`` through the custom operator ``gptoss_sim::{name}``: {emulated.__doc__}"

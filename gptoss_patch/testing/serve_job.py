@@ -1,0 +1,408 @@
+"""The main job: ``vllm serve`` on a simulated Ascend NPU, asked over HTTP, answers with transformers' tokens.
+
+``python -m gptoss_patch.testing.serve_job [--mode PIECEWISE|FULL_DECODE_ONLY|eager] [--workdir DIR] [--json]``, in a
+matrix-cell environment (real ``vllm`` + ``vllm-ascend`` wheels). What it runs is what a user runs:
+
+1. a deterministic tiny GPT-OSS checkpoint in the public BF16 layout with the real harmony tokenizer files
+   (:mod:`gptoss_patch.testing.tiny`; per-rank shapes of gpt-oss-120b at TP 8: 8 query heads, 1 KV head, MoE
+   intermediate 360);
+2. ``vllm serve CHECKPOINT`` as a child process - vLLM's API server, its engine-core process, vllm-ascend's
+   ``NPUWorker`` and ``NPUModelRunner`` - with ``GPTOSS_PATCH_SIMULATE_NPU=1`` (the CPU NPU simulator,
+   :mod:`gptoss_patch.testing.npu_sim`, in every process) and the seed deployment's flags scaled down:
+   ``--compilation-config {"cudagraph_mode": "PIECEWISE", "cudagraph_capture_sizes": [1, 2, 4]}`` (or
+   FULL_DECODE_ONLY, or ``--enforce-eager``), 128-token KV blocks, prefix caching and chunked prefill on;
+3. over HTTP, concurrently: harmony chat completions (the server renders the conversation), and raw completions of
+   the same conversations by token ids, one longer than the 128-token window and one sharing a full KV block with
+   another (prefix-cache hit), and one longer than the step's token budget (chunked prefill);
+4. transformers' ``GptOssForCausalLM`` in float32 generates greedily from the same prompt ids (the ids the server
+   reports); every generated token must be equal, and the log-probability the server reports for each token must be
+   within :data:`LOGPROB_TOLERANCE` of the reference's;
+5. ``python -m gptoss_patch.verify --server URL`` against the running server;
+6. the report: processes and their patch activation (the per-process log lines of :mod:`gptoss_patch.evidence`),
+   ACL graphs captured and replayed, KV-cache size, tokens matched; exit 0 only when everything matched.
+
+Token equality needs float32 (``--dtype float32``; the simulator accepts float32 where the fused operators take
+fp16/bf16, a documented extension): bf16 greedy tokens of a random tiny model differ from a float32 reference at
+near-ties, whatever the stack (see :data:`gptoss_patch.testing.main_job.LOGIT_TOLERANCE`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+#: |server logprob - reference log_softmax| accepted per generated token (float32 both sides; the measured
+#: differences are ~1e-5, summation order; a missing sink, window, bias or rope detail moves them by O(0.1-10)).
+LOGPROB_TOLERANCE = 1e-3
+
+MODES = ("PIECEWISE", "FULL_DECODE_ONLY", "eager")
+
+#: The problems ``verify --server`` may report against the tiny model: its random weights never emit harmony's channel
+#: structure (``<|channel|>analysis<|message|>...<|end|>`` then ``final``), so the reasoning parser finds neither a
+#: reasoning nor a final message and both fields stay empty. Every other check of the probe (model echo, the reasoning
+#: field present through ``--reasoning-parser openai_gptoss``, usage, the raw completion) must pass.
+RANDOM_WEIGHTS_PROBLEMS = ("chat: empty message.content", "chat: the reasoning_content field is empty",
+                           "chat: the reasoning field is empty")
+
+#: vLLM log lines the report is read from (vllm 0.11-0.19 wording).
+_ACTIVATED = re.compile(r"gptoss-patch: pid (\d+) \(([^)]*)\) activated by ([\w-]+): (\w[\w-]*)")
+_FIRST_USE = re.compile(r"gptoss-patch: pid (\d+) \(([^)]*)\) first GPT-OSS (\w+) forward on the (\w+) path")
+_KV = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+_CAPTURE = re.compile(r"Capturing (?:ACL|CUDA) graphs \(([^)]*)\).*?(\d+)/(\d+) \[")
+
+
+@dataclass
+class Exchange:
+    """One HTTP request and its comparison with the reference."""
+
+    kind: str  # "chat" or "completion"
+    label: str
+    prompt_tokens: int
+    generated: list[int]
+    reference: list[int]
+    max_logprob_diff: float
+    finish_reason: str | None
+
+    @property
+    def matched(self) -> int:
+        return sum(1 for a, b in zip(self.generated, self.reference) if a == b)
+
+    @property
+    def ok(self) -> bool:
+        return (bool(self.generated) and self.generated == self.reference[:len(self.generated)]
+                and self.max_logprob_diff <= LOGPROB_TOLERANCE)
+
+
+@dataclass
+class ServeReport:
+    """What the job saw; ``ok`` only when the server came up, every exchange matched and ``verify --server`` passed."""
+
+    mode: str
+    command: list[str] = field(default_factory=list)
+    started: bool = False
+    exchanges: list[Exchange] = field(default_factory=list)
+    processes: list[dict] = field(default_factory=list)
+    first_use: list[dict] = field(default_factory=list)
+    graph_captures: dict[str, int] = field(default_factory=dict)
+    kv_cache_tokens: int | None = None
+    verify_server_exit: int | None = None
+    verify_server_problems: list[str] = field(default_factory=list)
+    verify_server_output: str = ""
+    seconds: dict[str, float] = field(default_factory=dict)
+    log_tail: str = ""
+    versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.started and bool(self.exchanges) and all(e.ok for e in self.exchanges) and self.verify_ok
+
+    @property
+    def verify_ok(self) -> bool:
+        """``verify --server`` found nothing but :data:`RANDOM_WEIGHTS_PROBLEMS`."""
+        return self.verify_server_exit in (0, 1) and all(p.startswith(RANDOM_WEIGHTS_PROBLEMS)
+                                                         for p in self.verify_server_problems)
+
+
+def free_port() -> int:
+    """An unused TCP port on the loopback interface."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_command(checkpoint: Path, port: int, mode: str, *, max_num_batched_tokens: int = 256,
+                  extra: list[str] | None = None) -> list[str]:
+    """``vllm serve`` argv (through this interpreter) for ``mode`` (one of :data:`MODES`).
+
+    Raises:
+        ValueError: an unknown mode.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: use one of {', '.join(MODES)}")
+    cmd = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(checkpoint), "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", "float32", "--max-model-len", "1024", "--max-num-seqs", "4",
+           "--block-size", "128", "--num-gpu-blocks-override", "48",
+           "--max-num-batched-tokens", str(max_num_batched_tokens), "--enable-prefix-caching",
+           "--enable-chunked-prefill", "--served-model-name", "gpt-oss-tiny", "--reasoning-parser", "openai_gptoss"]
+    if mode == "eager":
+        cmd.append("--enforce-eager")
+    else:
+        cmd += ["--compilation-config", json.dumps({"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4]})]
+    return cmd + list(extra or [])
+
+
+def serve_env(vocab_env: dict[str, str], **extra: str) -> dict[str, str]:
+    """The server's environment: the simulator in every process, the harmony vocabulary offline, one OpenMP thread."""
+    env = dict(os.environ, GPTOSS_PATCH_SIMULATE_NPU="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
+               VLLM_LOGGING_LEVEL="INFO", **vocab_env)
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the engine core runs in its own process, as users run it
+    env.update(extra)
+    return env
+
+
+class Server:
+    """A ``vllm serve`` child process in its own process group, its output in ``log``.
+
+    Use as a context manager; :meth:`stop` sends SIGINT to the group, then SIGKILL after ``grace`` seconds.
+    """
+
+    def __init__(self, cmd: list[str], env: dict[str, str], log: Path, port: int):
+        self.cmd, self.env, self.log_path, self.port = cmd, env, log, port
+        self.proc: subprocess.Popen | None = None
+        self.url = f"http://127.0.0.1:{port}"
+
+    def __enter__(self) -> "Server":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen(self.cmd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def wait_ready(self, timeout: float = 600.0) -> bool:
+        """True once ``GET /health`` answers 200; False when the process exits first or ``timeout`` (s) passes."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return True
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(1.0)
+        return False
+
+    def stop(self, grace: float = 20.0) -> int | None:
+        """Stop the server's process group; returns its exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGINT)
+                self.proc.wait(grace)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+        else:  # reap what the engine core may have left behind
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._log.close()
+        return self.proc.returncode
+
+    def log(self) -> str:
+        """The server's output so far."""
+        return self.log_path.read_text(errors="replace")
+
+
+def _post(url: str, body: dict, timeout: float = 600.0) -> dict:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        raise RuntimeError(f"POST {url}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
+
+
+def _token_id(entry: dict) -> int:
+    tok = entry["token"]
+    if not tok.startswith("token_id:"):
+        raise RuntimeError(f"logprob entry {entry!r} is not 'token_id:N' (return_tokens_as_token_ids ignored?)")
+    return int(tok.split(":", 1)[1])
+
+
+def chat(url: str, messages: list[dict], max_tokens: int) -> tuple[list[int], list[int], list[float], str | None]:
+    """One greedy harmony chat completion: (prompt ids, generated ids, their logprobs, finish_reason)."""
+    d = _post(url + "/v1/chat/completions", {
+        "model": "gpt-oss-tiny", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
+        "ignore_eos": True, "logprobs": True, "return_tokens_as_token_ids": True, "return_token_ids": True})
+    c = d["choices"][0]
+    content = (c.get("logprobs") or {}).get("content") or []
+    ids = c.get("token_ids") or [_token_id(e) for e in content]
+    prompt = d.get("prompt_token_ids") or c.get("prompt_token_ids")
+    if prompt is None:
+        raise RuntimeError("the chat response has no prompt_token_ids (return_token_ids not supported?)")
+    return list(prompt), list(ids), [e["logprob"] for e in content], c.get("finish_reason")
+
+
+def complete(url: str, prompt: list[int], max_tokens: int) -> tuple[list[int], list[float], str | None]:
+    """One greedy completion of token ids: (generated ids, their logprobs, finish_reason)."""
+    d = _post(url + "/v1/completions", {
+        "model": "gpt-oss-tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+        "logprobs": 0, "return_tokens_as_token_ids": True, "return_token_ids": True})
+    c = d["choices"][0]
+    lp = c.get("logprobs") or {}
+    ids = c.get("token_ids") or [int(t.split(":", 1)[1]) for t in lp.get("tokens", [])]
+    return list(ids), list(lp.get("token_logprobs") or []), c.get("finish_reason")
+
+
+def _messages(effort_question: tuple[str, str]) -> list[dict]:
+    from gptoss_patch.testing.main_job import SHARED_DEVELOPER
+
+    return [{"role": "system", "content": SHARED_DEVELOPER}, {"role": "user", "content": effort_question[1]}]
+
+
+def read_log(report: ServeReport, text: str) -> None:
+    """Fill the report's processes, first uses, graph captures and KV-cache size from the server's output."""
+    seen = set()
+    for m in _ACTIVATED.finditer(text):
+        key = (m.group(1), m.group(2))
+        if key not in seen:
+            seen.add(key)
+            report.processes.append({"pid": int(m.group(1)), "name": m.group(2), "by": m.group(3),
+                                     "decision": m.group(4)})
+    for m in _FIRST_USE.finditer(text):
+        report.first_use.append({"pid": int(m.group(1)), "process": m.group(2), "capability": m.group(3),
+                                 "path": m.group(4)})
+    for m in _CAPTURE.finditer(text):
+        report.graph_captures[m.group(1)] = max(report.graph_captures.get(m.group(1), 0), int(m.group(2)))
+    kv = _KV.search(text)
+    report.kv_cache_tokens = int(kv.group(1).replace(",", "")) if kv else None
+
+
+def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int = 0,
+        startup_timeout: float = 900.0) -> ServeReport:
+    """Run the job once; returns the report (never raises for a server that fails: ``report.log_tail`` says why).
+
+    Raises:
+        ValueError: an unknown ``mode``.
+    """
+    from gptoss_patch import tokenizer
+    from gptoss_patch.testing import main_job
+    from gptoss_patch.testing.runner import reference_generate
+
+    report = ServeReport(mode=mode)
+    t0 = time.perf_counter()
+    checkpoint = main_job.ensure_checkpoint(workdir, seed)
+    vocab = tokenizer.prepare(workdir / "vocab")
+    encoding = main_job.harmony_encoding(workdir / "vocab")
+    rendered = main_job.render_prompts(encoding)
+    long_prompt = rendered[2] + rendered[4][:40]  # > the step budget of 256 tokens: chunked prefill
+    shared = rendered[0][:130] + rendered[3][-24:]  # a full 128-token block shared with conversation 0
+    report.seconds["setup"] = round(time.perf_counter() - t0, 1)
+    port = free_port()
+    cmd = serve_command(checkpoint, port, mode)
+    report.command = cmd
+    try:
+        import importlib.metadata as md
+
+        report.versions = {d: md.version(d) for d in ("vllm", "vllm-ascend")}
+    except Exception:  # noqa: BLE001 - informative only
+        pass
+    t1 = time.perf_counter()
+    with Server(cmd, serve_env(vocab.env), workdir / f"serve-{mode}.log", port) as server:
+        report.started = server.wait_ready(startup_timeout)
+        report.seconds["startup"] = round(time.perf_counter() - t1, 1)
+        if not report.started:
+            report.log_tail = "\n".join(server.log().splitlines()[-40:])
+            read_log(report, server.log())
+            return report
+        t2 = time.perf_counter()
+        completions = [("conversation 0", rendered[0]), ("conversation 1", rendered[1]),
+                       ("prefix hit on conversation 0", shared), ("chunked prefill", long_prompt)]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            chats = [pool.submit(chat, server.url, _messages(q), max_tokens) for q in main_job.QUESTIONS[:2]]
+            first = pool.submit(complete, server.url, completions[0][1], max_tokens).result()  # fills the prefix cache
+            rest = [pool.submit(complete, server.url, p, max_tokens) for _, p in completions[1:]]
+            results = [("chat", f"chat {i}", *f.result()) for i, f in enumerate(chats)]
+            comp = [first] + [f.result() for f in rest]
+        for (label, prompt), (ids, lps, fin) in zip(completions, comp):
+            results.append(("completion", label, prompt, ids, lps, fin))
+        report.seconds["requests"] = round(time.perf_counter() - t2, 1)
+        t3 = time.perf_counter()
+        verify = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--server", server.url,
+                                 "--model", "gpt-oss-tiny", "--chat-max-tokens", "32", "--json"],
+                                capture_output=True, text=True, timeout=600)
+        report.verify_server_exit = verify.returncode
+        report.verify_server_output = (verify.stdout + verify.stderr).strip()
+        try:
+            probe = json.loads(verify.stdout)
+            report.verify_server_problems = list(probe["server"]["problems"])
+        except (json.JSONDecodeError, KeyError, TypeError):
+            report.verify_server_problems = [f"verify --server printed no JSON: {report.verify_server_output[-300:]}"]
+        report.seconds["verify --server"] = round(time.perf_counter() - t3, 1)
+        read_log(report, server.log())
+    t4 = time.perf_counter()
+    refs = reference_generate(checkpoint, [r[2] for r in results], max_tokens, cache_dir=workdir / "reference-cache")
+    report.seconds["reference"] = round(time.perf_counter() - t4, 1)
+    import torch
+
+    for (kind, label, prompt, ids, lps, fin), (ref_ids, ref_logits) in zip(results, refs):
+        diffs = [abs(lp - float(torch.log_softmax(lg, -1)[tok])) for lp, tok, lg in zip(lps, ids, ref_logits)]
+        report.exchanges.append(Exchange(kind, label, len(prompt), ids, ref_ids, max(diffs, default=float("inf")),
+                                         fin))
+    report.seconds["total"] = round(time.perf_counter() - t0, 1)
+    return report
+
+
+def print_report(r: ServeReport) -> None:
+    """Human-readable report."""
+    print(f"GPT-OSS main job: vllm serve ({r.mode}) on a simulated Ascend NPU, "
+          f"vllm {r.versions.get('vllm', '?')} + vllm-ascend {r.versions.get('vllm-ascend', '?')}, "
+          "against transformers float32")
+    print("  command: " + " ".join(r.command[2:]))
+    for p in r.processes:
+        print(f"  process {p['name']} (pid {p['pid']}): gptoss-patch activated by {p['by']}: {p['decision']}")
+    for u in r.first_use:
+        print(f"  first GPT-OSS {u['capability']} forward on the {u['path']} path in {u['process']} (pid {u['pid']})")
+    if r.graph_captures:
+        print("  ACL graphs captured: " + ", ".join(f"{k}: {v}" for k, v in r.graph_captures.items()))
+    if r.kv_cache_tokens is not None:
+        print(f"  KV cache: {r.kv_cache_tokens} tokens ({r.kv_cache_tokens // 128} blocks of 128)")
+    if not r.started:
+        print("  the server did not come up; last lines of its output:\n" + r.log_tail)
+    for e in r.exchanges:
+        print(f"  {e.kind:10s} {e.label:30s} prompt {e.prompt_tokens:4d} tokens: {e.matched}/{len(e.generated)} tokens "
+              f"equal to transformers, max |logprob diff| {e.max_logprob_diff:.1e} "
+              f"(tolerance {LOGPROB_TOLERANCE:g}) {'ok' if e.ok else 'MISMATCH'}")
+    if r.verify_server_exit is not None:
+        print(f"  verify --server: exit {r.verify_server_exit}; problems: {r.verify_server_problems or 'none'} "
+              f"({'ok: only those of random weights' if r.verify_ok else 'FAILED'})")
+    print(f"  time (s): {r.seconds}")
+    print("  result: " + ("OK - every token identical" if r.ok else "FAILED"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI; exit 0 when the server came up and every token matched, 1 otherwise."""
+    ap = argparse.ArgumentParser(prog="python -m gptoss_patch.testing.serve_job",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workdir", type=Path,
+                    default=Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job")
+    ap.add_argument("--mode", default="PIECEWISE", choices=MODES)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.max_tokens < 1:
+        ap.error(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    report = run(args.workdir, mode=args.mode, max_tokens=args.max_tokens)
+    if args.json:
+        d = asdict(report)
+        d["ok"] = report.ok
+        print(json.dumps(d, default=str))
+    else:
+        print_report(report)
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
