@@ -65,8 +65,8 @@ VLLM_011_IMPORT_DEPS = [
 #: vllm.v1.worker.utils; pins from vllm 0.15.0's METADATA). xgrammar (same import chain) goes in ``no_deps``: its
 #: wheel requires triton, which would make vLLM's HAS_TRITON true and switch vllm-ascend onto Triton code paths.
 #: Not installable here: torchvision (no release imports beside the CPU torch 2.13.0 - see
-#: gptoss_patch/testing/native_015.py for the worker patches that cannot load without it) and numba (only
-#: needed by NPUModelRunner's module, which the calibration cell does not build).
+#: gptoss_patch/testing/native_015.py for the worker patches that cannot load without it). numba is in
+#: SERVE_DEPS (all cells).
 VLLM_015_IMPORT_DEPS = [
     *[d for d in VLLM_011_IMPORT_DEPS
       if not d.startswith(("transformers", "pydantic", "compressed-tensors"))],
@@ -153,6 +153,11 @@ CELLS: dict[str, dict[str, list[str]]] = {
     "0.19.1rc1": {"no_deps": ["vllm==0.19.1", "vllm-ascend==0.19.1rc1", "xgrammar==0.1.32"],
                   "deps": VLLM_019_IMPORT_DEPS, **_NATIVE_SUITE},
 }
+
+#: What ``vllm serve`` imports beyond the import-time lists, in every cell (pins of every paired vLLM METADATA,
+#: 0.11.0-0.19.1): numba (vllm-ascend's NPUModelRunner module), lm-format-enforcer and outlines_core (vLLM's
+#: structured-output backends, imported while the API server builds its engine).
+SERVE_DEPS = ["numba==0.61.2", "lm-format-enforcer==0.11.3", "outlines_core==0.2.11"]
 
 #: Host-only unit tests: no vllm. fastapi/uvicorn/openai/pydantic/accelerate: transformers' own OpenAI-style
 #: server (`transformers serve`), the real peer the server probe is tested against.
@@ -374,7 +379,7 @@ def _cell(release: str):
 def cell_python(session: nox.Session, release: str) -> Path:
     """The python of the (cached) venv of cell ``release``, with gptoss-patch freshly installed."""
     spec = CELLS[release]
-    steps = [[TORCH], ["--no-deps", *spec["no_deps"]], [*spec["deps"], *REFERENCE_DEPS, *TEST_DEPS]]
+    steps = [[TORCH], ["--no-deps", *spec["no_deps"]], [*spec["deps"], *SERVE_DEPS, *REFERENCE_DEPS, *TEST_DEPS]]
     py = cached_venv(session, f"cell-{release}", steps)
     install_self(session, py)
     return py
@@ -441,9 +446,10 @@ def soak(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job: the simulated GPT-OSS run through patched vllm-ascend 0.11.0, with verify."""
+    """The main job: ``vllm serve`` with PIECEWISE ACL graphs through patched vllm-ascend 0.11.0 on the simulated NPU,
+    asked over HTTP, tokens compared with transformers, then ``verify --server`` (gptoss_patch/testing/serve_job.py)."""
     t0 = time.monotonic()
     py = cell_python(session, "0.11.0")
-    session.run(str(py), "-m", "gptoss_patch.verify", "--simulate", *session.posargs, external=True,
-                env=_clean_env())
+    session.run(str(py), "-m", "gptoss_patch.testing.serve_job", *session.posargs, external=True,
+                env=_clean_env(**TEST_ENV))
     session.log(f"demo finished in {time.monotonic() - t0:.0f} s")

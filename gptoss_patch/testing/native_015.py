@@ -5,8 +5,8 @@ vllm-ascend >= 0.15.0rc1 runs GPT-OSS without our attention patches and was vali
 7221045777, PR #5901; ``shared/reference/upstream_targets.md`` §7). Running *its* code on the CPU NPU simulator and
 comparing with Hugging Face transformers calibrates the simulator and shows what each release computes. This module
 builds what that needs, the way vLLM and vllm-ascend do at run time. It branches on what the installed code has
-(``hasattr`` on vLLM's ``ForwardContext``), never on version strings, except for :data:`WORKER_PATCHES_APPLIED`,
-a per-release record keyed by the installed vllm-ascend (:func:`installed_release`):
+(``hasattr`` on vLLM's ``ForwardContext``), never on version strings (:func:`installed_release` names the release
+in messages):
 
 * :func:`vllm_context` - a real ``VllmConfig`` for a tiny GPT-OSS checkpoint and the worker-side start-up of
   ``vllm_ascend/worker/worker.py`` (``NPUWorker.__init__`` and ``_init_worker_distributed_environment``),
@@ -30,11 +30,10 @@ and :func:`load_reference_model` (``GptOssForCausalLM.from_pretrained`` on the s
 
 What cannot run here, and why (each checked by :func:`vllm_context`):
 
-* ``adapt_patch()`` (the worker patches) stops at the first worker patch module whose import chain reaches
-  ``torchvision`` (vLLM's multimodal model / processor modules); no torchvision imports beside the cell's CPU torch
-  2.13 (machine notes). (It is the only failing import; the import-time dependencies each cell installs are listed
-  in noxfile.py.) Where it stops differs per release (:data:`WORKER_PATCHES_APPLIED`); none of the modules not
-  applied is on GPT-OSS's eager attention or MoE path, and :func:`vllm_context` asserts exactly the recorded set.
+* ``adapt_patch()`` (the worker patches): the worker patch modules whose import chain reaches ``torchvision`` (vLLM's
+  multimodal model / processor modules) are skipped - no torchvision imports beside the cell's CPU torch 2.13 - and
+  every other one is applied (:func:`expected_worker_patches`, asserted by :func:`vllm_context`); the skipped ones
+  patch vision models, none is on GPT-OSS's path.
 * ``_register_atb_extensions()`` loads vllm-ascend's compiled ATB library; the simulator provides the
   operators instead.
 * ``NPUModelRunner`` is not built (its module imports ``numba``); of its ``__init__`` only
@@ -54,33 +53,32 @@ import torch
 from gptoss_patch.testing.attention_case import Case
 
 _WP = "vllm_ascend.patch.worker."
-_WP_015 = tuple(_WP + m for m in ("patch_unquantized_gemm", "patch_bert", "patch_distributed", "patch_multimodal_merge",
-                                  "patch_qwen3_next", "patch_qwen3_next_mtp", "patch_rejection_sampler",
-                                  "patch_v2_eagle", "patch_v2_uva"))
 
-#: Per vllm-ascend release: the worker patch modules (``vllm_ascend/patch/worker/__init__.py``, in import order)
-#: that get applied here before the package import stops at the first module whose import chain needs
-#: ``torchvision``. Where it stops: 0.15.0rc1 / 0.16.0rc1 at ``patch_huanyuan_vl``; 0.17.0rc1 and 0.19.1rc1 at
-#: ``patch_qwen3_5`` (vllm ``models/qwen3_5`` -> ``qwen3_vl`` -> ``qwen2_5_vl`` / transformers' qwen2_vl
-#: processors); 0.18.0 at ``patch_qwen3_next`` (same chain through ``patch_qwen3_5``). None of the modules not
-#: applied is on GPT-OSS's eager attention or MoE path (they patch other models, speculative decoding, the
-#: routed-experts capturer, Triton, vLLM's CUDA-graph dispatcher, the model runner v2). 0.18.0+ also import
-#: ``patch_weight_utils`` (a builtins ``__import__`` hook for DeepSeek weight names) and 0.19.1rc1
-#: ``_hccl_pg_registry`` (from ``patch_distributed``); 0.19.1rc1 no longer has ``patch_unquantized_gemm``.
-WORKER_PATCHES_APPLIED: dict[str, tuple[str, ...]] = {
-    "0.15.0rc1": _WP_015,
-    "0.16.0rc1": _WP_015,
-    "0.17.0rc1": tuple(_WP + m for m in (
-        "patch_unquantized_gemm", "patch_bert", "patch_distributed", "patch_minimax_m2",
-        "patch_minimax_m2_linear_attn", "patch_mamba_utils", "patch_multimodal_merge", "patch_qwen3_next",
-        "patch_qwen3_next_mtp")),
-    "0.18.0": tuple(_WP + m for m in (
-        "patch_weight_utils", "patch_unquantized_gemm", "patch_bert", "patch_distributed", "patch_minimax_m2",
-        "patch_minimax_m2_linear_attn", "patch_mamba_utils", "patch_multimodal_merge", "patch_gdn_attn")),
-    "0.19.1rc1": tuple(_WP + m for m in (
-        "patch_weight_utils", "patch_bert", "_hccl_pg_registry", "patch_distributed", "patch_minimax_m2",
-        "patch_minimax_m2_linear_attn", "patch_mamba_utils", "patch_multimodal_merge", "patch_qwen3_next_mtp")),
-}
+
+def expected_worker_patches() -> tuple[set[str], list[str]]:
+    """``(modules, skipped)``: the worker patch modules ``vllm_ascend/patch/worker/__init__.py`` imports outside the
+    statements the simulator skipped because their imports need ``torchvision`` (the vision-model patches, e.g.
+    ``patch_huanyuan_vl``; :func:`gptoss_patch.testing.npu_sim.torch_compat.install_worker_patch_tolerance`), and those
+    skipped statements."""
+    import ast
+    import importlib.util
+
+    from gptoss_patch.testing import vllm_setup
+
+    spec = importlib.util.find_spec("vllm_ascend.patch.worker")
+    skipped = list(vllm_setup._skipped_worker_patches)
+    names: set[str] = set()
+    with open(spec.origin, encoding="utf-8") as fh:
+        tree = ast.parse(fh.read(), spec.origin)
+    for node in tree.body:
+        if ast.unparse(node) in skipped:
+            continue
+        for n in ast.walk(node):
+            if isinstance(n, ast.Import):
+                names |= {a.name for a in n.names if a.name.startswith(_WP)}
+            elif isinstance(n, ast.ImportFrom) and n.module and n.module.startswith(_WP):
+                names.add(n.module)
+    return names, skipped
 
 
 def installed_release() -> str:
@@ -115,9 +113,7 @@ def vllm_context(ckpt_dir: str | None = None, dtype: str = "float32"):
         with a different ``dtype`` raises ``RuntimeError``.
 
     Raises:
-        RuntimeError: the worker patches applied differ from :data:`WORKER_PATCHES_APPLIED` of the installed
-            release (or the release has no record there), or ``adapt_patch`` failed for another reason than the
-            missing ``torchvision``.
+        RuntimeError: a worker patch of :func:`expected_worker_patches` was not applied, or ``adapt_patch`` failed.
 
     Sources: vllm_ascend 0.15.0rc1 ... 0.19.1rc1 ``worker/worker.py`` (``NPUWorker.__init__``: ``adapt_patch``,
     ``ops.register_dummy_fusion_op``, ``register_ascend_customop``, ``init_ascend_config``,
@@ -156,19 +152,14 @@ def vllm_context(ckpt_dir: str | None = None, dtype: str = "float32"):
             init_ascend_model_parallel(cfg.parallel_config)
             try:
                 adapt_patch()
-            except ModuleNotFoundError as exc:
-                if exc.name != "torchvision":
-                    raise RuntimeError(f"vllm-ascend adapt_patch() failed: {exc}") from exc
+            except Exception as exc:
+                raise RuntimeError(f"vllm-ascend adapt_patch() failed: {exc}") from exc
             import sys
 
-            release = installed_release()
-            if release not in WORKER_PATCHES_APPLIED:
-                raise RuntimeError(f"no worker-patch record for vllm-ascend {release}: add it to "
-                                   "native_015.WORKER_PATCHES_APPLIED")
-            applied = tuple(m for m in sys.modules if m.startswith(_WP))
-            if applied != WORKER_PATCHES_APPLIED[release]:
-                raise RuntimeError(f"expected worker patches {WORKER_PATCHES_APPLIED[release]} to be applied, "
-                                   f"got {applied}")
+            expected, _skipped = expected_worker_patches()
+            missing = sorted(expected - {m for m in sys.modules if m.startswith(_WP)})
+            if missing:
+                raise RuntimeError(f"worker patches not applied: {missing}")
             ops.register_dummy_fusion_op()
             register_ascend_customop(cfg)
             init_ascend_config(cfg)

@@ -102,7 +102,13 @@ class ServeReport:
     verify_server_output: str = ""
     seconds: dict[str, float] = field(default_factory=dict)
     log_tail: str = ""
+    log_path: str = ""
     versions: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def log_text(self) -> str:
+        """The server's whole output (all its processes)."""
+        return Path(self.log_path).read_text(errors="replace") if self.log_path else ""
 
     @property
     def ok(self) -> bool:
@@ -281,8 +287,10 @@ def read_log(report: ServeReport, text: str) -> None:
 
 
 def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int = 0,
-        startup_timeout: float = 900.0) -> ServeReport:
+        startup_timeout: float = 900.0, extra_env: dict[str, str] | None = None) -> ServeReport:
     """Run the job once; returns the report (never raises for a server that fails: ``report.log_tail`` says why).
+
+    ``extra_env``: more environment for the server (e.g. ``GPTOSS_PATCH_DISABLE=1`` to show the unpatched stack).
 
     Raises:
         ValueError: an unknown ``mode``.
@@ -310,7 +318,10 @@ def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int 
     except Exception:  # noqa: BLE001 - informative only
         pass
     t1 = time.perf_counter()
-    with Server(cmd, serve_env(vocab.env), workdir / f"serve-{mode}.log", port) as server:
+    tag = "-".join(f"{k.removeprefix('GPTOSS_PATCH_').lower()}" for k in sorted(extra_env or {}))
+    log_path = workdir / f"serve-{mode}{'-' + tag if tag else ''}-{os.getpid()}.log"
+    report.log_path = str(log_path)
+    with Server(cmd, serve_env(vocab.env, **(extra_env or {})), log_path, port) as server:
         report.started = server.wait_ready(startup_timeout)
         report.seconds["startup"] = round(time.perf_counter() - t1, 1)
         if not report.started:

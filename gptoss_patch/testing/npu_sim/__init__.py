@@ -30,7 +30,7 @@ import threading
 import types
 from typing import Any
 
-from gptoss_patch.testing.npu_sim._base import NotEmulated, NotEmulatedError, sim_module
+from gptoss_patch.testing.npu_sim._base import NotEmulated, NotEmulatedError, not_emulated_class, sim_module
 
 __all__ = ["install", "is_installed", "NotEmulatedError", "SimulatorRefused", "find_spec"]
 
@@ -97,8 +97,13 @@ def _build_modules() -> dict[str, types.ModuleType]:
     add("acl", {"rt": None})
     add("acl.rt")
     add("torchair")
-    for sub in ("scope", "ops", "ge", "inference", "core", "configs", "_ge_concrete_graph"):
+    for sub in ("scope", "ops", "ge", "inference", "core", "configs", "_ge_concrete_graph", "fx_summary"):
         add(f"torchair.{sub}")
+    # vllm-ascend >= 0.15's worker patch patch_npugraph_ex_triton reloads these two modules and replaces members of
+    # the torchair graph compiler, which the simulator never runs
+    add("torchair.core._concrete_graph")
+    add("torchair.npu_fx_compiler",
+        {"_NpuGraphConverter": not_emulated_class("torchair.npu_fx_compiler._NpuGraphConverter")})
     return mods
 
 

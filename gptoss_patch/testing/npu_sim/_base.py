@@ -45,6 +45,28 @@ class NotEmulated:
         return False
 
 
+class _NotEmulatedMeta(type):
+    def __getattr__(cls, attr: str) -> "NotEmulated":
+        if attr.startswith("__") and attr.endswith("__"):
+            raise AttributeError(attr)
+        return NotEmulated(f"{cls.__gptoss_name__}.{attr}")
+
+
+def not_emulated_class(name: str) -> type:
+    """A stand-in for a class of ``torch_npu``/``torchair`` the simulator does not run.
+
+    Upstream code may import it, read or *replace* its attributes (vllm-ascend's worker patches assign methods of
+    torchair's ``npu_fx_compiler._NpuGraphConverter``, used only by the torchair graph compiler); instantiating it
+    raises :class:`NotEmulatedError`, and an attribute never assigned is a :class:`NotEmulated` sentinel.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise NotEmulatedError(f"{name} is not emulated by gptoss_patch.testing.npu_sim (the torchair graph compiler "
+                               "does not run on the simulator)")
+
+    return _NotEmulatedMeta(name.rpartition(".")[2], (), {"__init__": __init__, "__gptoss_name__": name})
+
+
 def sim_module(name: str, attrs: dict[str, Any] | None = None, package: bool = True) -> types.ModuleType:
     """A module object whose unknown attributes are :class:`NotEmulated` sentinels (PEP 562 ``__getattr__``).
 
