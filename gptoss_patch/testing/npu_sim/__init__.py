@@ -72,7 +72,8 @@ def _build_modules() -> dict[str, types.ModuleType]:
         "_is_in_bad_fork", "manual_seed", "manual_seed_all")}
     npu_attrs.update(graph.NAMESPACE)
     memory = {k: getattr(runtime, k) for k in ("mem_get_info", "memory_stats", "memory_allocated",
-                                                 "max_memory_allocated", "reset_peak_memory_stats")}
+                                                 "max_memory_allocated", "memory_reserved", "max_memory_reserved",
+                                                 "reset_peak_memory_stats")}
     npu_attrs.update(memory)
 
     add("torch_npu", {"__version__": "2.7.1+gptoss.sim", **ops.OPS})

@@ -7,7 +7,8 @@ Semantics and sources:
   library so that ``torch.ops.atb.*`` exist (torch_npu ``op_plugin/atb/_atb_ops.py``; vllm-ascend calls it in
   ``NPUWorker.__init__``, ``vllm_ascend/worker/worker_v1.py``). It returns nothing. The simulator registers no ATB
   operators, so a later ``torch.ops.atb.X`` call fails loudly ("no such operator"); the call itself is recorded.
-* Device memory (``torch.npu.mem_get_info``, ``memory_stats``, ``max_memory_allocated``, ``reset_peak_memory_stats``;
+* Device memory (``torch.npu.mem_get_info``, ``memory_stats``, ``memory_allocated``, ``memory_reserved`` and their
+  ``max_`` forms, ``reset_peak_memory_stats``;
   torch_npu ``torch_npu/npu/memory.py``, the same contract as ``torch.cuda``): the simulated NPU's memory is this
   process's host memory. Its capacity is ``GPTOSS_PATCH_SIM_NPU_MEMORY`` (bytes, a plain integer or with a
   ``GiB``/``MiB`` suffix; default 8 GiB, far below a 910B3's 64 GB so that a KV cache sized by
@@ -26,7 +27,8 @@ import os
 import re
 
 __all__ = ["register_atb_extensions", "atb_registered", "capacity_bytes", "mem_get_info", "memory_stats",
-           "max_memory_allocated", "memory_allocated", "reset_peak_memory_stats"]
+           "max_memory_allocated", "memory_allocated", "memory_reserved", "max_memory_reserved",
+           "reset_peak_memory_stats"]
 
 _atb_calls = 0
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -92,6 +94,16 @@ def reset_peak_memory_stats(device: object = None) -> None:
             fh.write("5")
     except OSError:
         pass
+
+
+def memory_reserved(device: object = None) -> int:
+    """Bytes held by the (absent) caching allocator: equal to :func:`memory_allocated` - nothing is cached."""
+    return memory_allocated()
+
+
+def max_memory_reserved(device: object = None) -> int:
+    """Peak of :func:`memory_reserved`: equal to :func:`max_memory_allocated`."""
+    return max_memory_allocated()
 
 
 def memory_stats(device: object = None) -> dict[str, int]:

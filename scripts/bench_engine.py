@@ -1,0 +1,129 @@
+"""Benchmark of vLLM's real engine on the simulated NPU: start-up phases of ``vllm serve`` and the host-side cost of a
+decode step, for the installed vllm / vllm-ascend pair (run it in a matrix cell, e.g. the patched 0.11.0 cell and the
+native 0.15.0rc1 cell, and compare). Figures are printed, never asserted.
+
+``python scripts/bench_engine.py [--workdir DIR] [--steps 32] [--skip-serve]``
+
+* Start-up (``vllm serve``, PIECEWISE, the main job's flags): seconds from launch to each phase vLLM and vllm-ascend
+  log (model loaded, torch.compile done, ACL graphs captured, engine initialised, ``/health`` answering), read from
+  the server's own log lines.
+* Decode step (in-process ``LLM``, eager, batch of 4 harmony prompts, greedy): wall time per decode step and, the
+  figure that does not depend on the machine's load, the number of simulated ``torch_npu`` operator calls per decode
+  step (the launches an NPU would see from the host). The wall time includes the simulator's emulation of every
+  operator on the CPU: compare it only between cells on the same machine, same load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import time
+from pathlib import Path
+
+PHASES = [
+    ("model weights loaded", re.compile(r"Loading (?:model )?weights took")),
+    ("torch.compile done", re.compile(r"torch\.compile takes")),
+    ("ACL graphs captured", re.compile(r"Graph capturing finished")),
+    ("engine initialised", re.compile(r"init engine .* took")),
+    ("API server ready", re.compile(r"Application startup complete")),
+]
+
+
+def bench_startup(workdir: Path) -> None:
+    from gptoss_patch import tokenizer
+    from gptoss_patch.testing import main_job, serve_job
+
+    ckpt = main_job.ensure_checkpoint(workdir)
+    vocab = tokenizer.prepare(workdir / "vocab")
+    port = serve_job.free_port()
+    log = workdir / f"bench-serve-{os.getpid()}.log"
+    t0 = time.monotonic()
+    seen: dict[str, float] = {}
+    with serve_job.Server(serve_job.serve_command(ckpt, port, "PIECEWISE"), serve_job.serve_env(vocab.env), log,
+                          port) as server:
+        while server.proc.poll() is None and len(seen) < len(PHASES):
+            text = server.log()
+            for name, pat in PHASES:
+                if name not in seen and pat.search(text):
+                    seen[name] = time.monotonic() - t0
+            if time.monotonic() - t0 > 900:
+                break
+            time.sleep(0.2)
+        ready = server.wait_ready(60)
+        seen.setdefault("/health answers", time.monotonic() - t0) if ready else None
+    print("vllm serve start-up (PIECEWISE, simulated NPU), seconds from launch:")
+    for name, _ in PHASES + [("/health answers", None)]:
+        print(f"  {name:24s} {seen[name]:7.1f}" if name in seen else f"  {name:24s}     n/a")
+
+
+def bench_decode(workdir: Path, steps: int) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    from gptoss_patch import tokenizer
+    from gptoss_patch.testing import main_job, npu_sim
+
+    npu_sim.install()
+    import torch_npu
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    ckpt = main_job.ensure_checkpoint(workdir)
+    os.environ.update(tokenizer.prepare(workdir / "vocab").env)
+    prompts = main_job.render_prompts(main_job.harmony_encoding(workdir / "vocab"))[:4]
+    llm = LLM(model=str(ckpt), dtype="float32", enforce_eager=True, max_model_len=1024, max_num_seqs=4,
+              block_size=128, num_gpu_blocks_override=48, max_num_batched_tokens=2048)
+    calls = {"n": 0}
+    originals = {}
+    for name in dir(torch_npu):
+        fn = torch_npu.__dict__.get(name)
+        if callable(fn) and not isinstance(fn, type) and \
+                getattr(fn, "__module__", "").startswith("gptoss_patch.testing.npu_sim.ops"):
+            originals[name] = fn
+
+            def counted(*a, _fn=fn, **k):
+                calls["n"] += 1
+                return _fn(*a, **k)
+
+            setattr(torch_npu, name, counted)
+    params = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    one = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    many = SamplingParams(max_tokens=steps + 1, temperature=0, ignore_eos=True)
+    llm.generate(params, one, use_tqdm=False)  # warm-up
+    calls["n"] = 0
+    t0 = time.perf_counter()
+    llm.generate(params, one, use_tqdm=False)
+    prefill_s, prefill_calls = time.perf_counter() - t0, calls["n"]
+    calls["n"] = 0
+    t1 = time.perf_counter()
+    llm.generate(params, many, use_tqdm=False)
+    total_s, total_calls = time.perf_counter() - t1, calls["n"]
+    for name, fn in originals.items():
+        setattr(torch_npu, name, fn)
+    step_s = (total_s - prefill_s) / steps
+    step_calls = (total_calls - prefill_calls) / steps
+    print(f"decode step (eager, batch 4, {steps} steps after a prefill of {sum(map(len, prompts))} tokens):")
+    print(f"  wall time per decode step: {step_s * 1e3:.1f} ms (simulator emulation included)")
+    print(f"  simulated torch_npu operator calls per decode step: {step_calls:.1f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workdir", type=Path,
+                    default=Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--skip-serve", action="store_true")
+    args = ap.parse_args(argv)
+    if args.steps < 1:
+        ap.error(f"--steps must be >= 1, got {args.steps}")
+    import importlib.metadata as md
+
+    print(f"vllm {md.version('vllm')} + vllm-ascend {md.version('vllm-ascend')}")
+    if not args.skip_serve:
+        bench_startup(args.workdir)
+    bench_decode(args.workdir, args.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""The simulator pieces vLLM's real engine needs: device memory accounting, the ``hccl`` backend, ATB's warm-up
+operator, and operators that stay single nodes under TorchDynamo (docs/simulator.md)."""
+
+import datetime
+
+import pytest
+import torch
+
+from gptoss_patch.testing import npu_sim
+
+torch_npu = npu_sim.install()
+from gptoss_patch.testing.npu_sim import runtime  # noqa: E402
+
+
+def test_capacity_from_the_environment(monkeypatch):
+    monkeypatch.setenv("GPTOSS_PATCH_SIM_NPU_MEMORY", "3GiB")
+    assert runtime.capacity_bytes() == 3 << 30
+    monkeypatch.setenv("GPTOSS_PATCH_SIM_NPU_MEMORY", "1048576")
+    assert runtime.capacity_bytes() == 1 << 20
+    for bad in ("0", "-1", "8GB", "lots"):
+        monkeypatch.setenv("GPTOSS_PATCH_SIM_NPU_MEMORY", bad)
+        with pytest.raises(ValueError, match="GPTOSS_PATCH_SIM_NPU_MEMORY"):
+            runtime.capacity_bytes()
+
+
+def test_memory_accounting_follows_what_the_process_holds(monkeypatch):
+    monkeypatch.setenv("GPTOSS_PATCH_SIM_NPU_MEMORY", "16GiB")
+    free0, total = torch.npu.mem_get_info()
+    assert total == 16 << 30 and free0 + runtime.memory_allocated() == total
+    before = torch.npu.memory_stats()["allocated_bytes.all.current"]
+    block = torch.ones(64 << 20, dtype=torch.float32)  # 256 MiB, touched
+    grown = torch.npu.memory_stats()["allocated_bytes.all.current"] - before
+    assert grown >= 200 << 20, grown
+    free1, _ = torch.npu.mem_get_info()
+    assert free0 - free1 >= 200 << 20
+    assert torch.npu.memory_reserved() == runtime.memory_allocated()
+    assert torch.npu.max_memory_allocated() >= runtime.memory_allocated()
+    del block
+
+
+def test_out_of_simulated_memory_is_an_error(monkeypatch):
+    keep = torch.ones(64 << 20, dtype=torch.float32)
+    monkeypatch.setenv("GPTOSS_PATCH_SIM_NPU_MEMORY", "1MiB")
+    with pytest.raises(RuntimeError, match="simulated NPU out of memory"):
+        torch.npu.mem_get_info()
+    del keep
+
+
+def test_atb_extensions_register_nothing():
+    n = runtime.atb_registered()
+    torch_npu.op_plugin.atb._atb_ops._register_atb_extensions()
+    assert runtime.atb_registered() == n + 1
+    assert not hasattr(torch.ops.atb, "_npu_paged_attention")  # no ATB operator appears
+
+
+def test_matmul_add_fp32_against_its_definition():
+    g = torch.Generator().manual_seed(3)
+    x, w = torch.randn(5, 3, generator=g).half(), torch.randn(5, 4, generator=g).half()
+    c = torch.randn(3, 4, generator=g)
+    expected = c + x.float().T @ w.float()
+    assert torch_npu._npu_matmul_add_fp32(x, w, c) is c
+    torch.testing.assert_close(c, expected)
+    with pytest.raises(RuntimeError, match="float32"):
+        torch_npu._npu_matmul_add_fp32(x, w, c.half())
+    with pytest.raises(RuntimeError, match="need x"):
+        torch_npu._npu_matmul_add_fp32(x, w[:4], c)
+
+
+def test_hccl_process_group_all_reduces_like_hccl(tmp_path):
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("hccl", store=store, rank=0, world_size=1, timeout=datetime.timedelta(seconds=30))
+    try:
+        opts = torch_npu._C._distributed_c10d.ProcessGroupHCCL.Options()
+        opts.hccl_config = {"hccl_buffer_size": 200}
+        group = dist.new_group([0], backend="hccl", pg_options=opts)
+        t = torch.arange(4.0)
+        dist.all_reduce(t, group=group)
+        assert torch.equal(t, torch.arange(4.0))  # the sum over one rank
+        out = [torch.empty(4)]
+        dist.all_gather(out, torch.arange(4.0), group=group)
+        assert torch.equal(out[0], torch.arange(4.0))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_accelerator_layer_knows_the_simulated_npu():
+    assert torch.accelerator.current_accelerator().type == "npu"
+    s = torch.accelerator.current_stream(torch.device("npu", 0))
+    assert s.device_index == 0
+    assert torch.zeros(3, pin_memory=True).tolist() == [0.0, 0.0, 0.0]
+
+
+def test_operators_in_compiled_regions_are_single_graph_nodes():
+    """Under torch.compile the emulated rms_norm / rotary are one custom-operator node each and give the eager
+    numbers; the in-place rotary writes back into query/key."""
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    def f(x, gamma, positions, q, k, cache):
+        y, _ = torch_npu.npu_rms_norm(x, gamma, 1e-5)
+        torch_npu._npu_rotary_embedding(positions, q, k, 8, cache, True)
+        return y * 2, q + 0, k + 0
+
+    g = torch.Generator().manual_seed(0)
+    x, gamma = torch.randn(6, 16, generator=g), torch.rand(16, generator=g) + 0.5
+    positions = torch.tensor([0, 1, 2, 5, 9, 3])
+    cache = torch.randn(16, 8, generator=g)
+    q, k = torch.randn(6, 16, generator=g), torch.randn(6, 8, generator=g)
+    eager = f(x, gamma, positions, q.clone(), k.clone(), cache)
+    q2, k2 = q.clone(), k.clone()
+    compiled = torch.compile(f, backend=backend, fullgraph=True)(x, gamma, positions, q2, k2, cache)
+    for a, b in zip(eager, compiled):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(q2, eager[1])
+    assert any("gptoss_sim.npu_rms_norm" in t for t in seen), seen
+    assert any("gptoss_sim._npu_rotary_embedding" in t for t in seen), seen
