@@ -146,7 +146,36 @@ def serve_command(checkpoint: Path, port: int, mode: str, *, max_num_batched_tok
         cmd.append("--enforce-eager")
     else:
         cmd += ["--compilation-config", json.dumps({"cudagraph_mode": mode, "cudagraph_capture_sizes": [1, 2, 4]})]
+        off = npugraph_ex_off()
+        if off is not None:
+            cmd += ["--additional-config", json.dumps(off)]
     return cmd + list(extra or [])
+
+
+def npugraph_ex_off() -> dict | None:
+    """``--additional-config`` that turns vllm-ascend's torchair ``npugraph_ex`` compile backend off, or None on a
+    release without it (0.11-0.14).
+
+    From 0.15.0rc1 vllm-ascend compiles the graph pieces of PIECEWISE/FULL modes with torchair's ``npugraph_ex``
+    (``get_npu_backend``, ``reduce-overhead``) by default; the simulator does not emulate torchair's compiler, so graph
+    modes there run with it off, and vllm-ascend then captures the pieces with its own ``ACLGraphWrapper`` (the path of
+    0.11-0.14, same FX graph). The key moved: ``npugraph_ex_config.enable`` (0.15.0rc1,
+    ``vllm_ascend/ascend_config.py`` ``NpugraphExConfig``), ``ascend_compilation_config.enable_npugraph_ex`` (0.16.0rc1+,
+    ``AscendCompilationConfig``). Decided from what the installed code has, not from its version.
+    """
+    import inspect
+
+    try:
+        import vllm_ascend.ascend_config as ac
+    except ImportError:
+        return None
+    comp = getattr(ac, "AscendCompilationConfig", None)
+    if comp is not None and "enable_npugraph_ex" in inspect.signature(comp.__init__).parameters:
+        return {"ascend_compilation_config": {"enable_npugraph_ex": False}}
+    ex = getattr(ac, "NpugraphExConfig", None)
+    if ex is not None and "enable" in inspect.signature(ex.__init__).parameters:
+        return {"npugraph_ex_config": {"enable": False}}
+    return None
 
 
 def serve_env(vocab_env: dict[str, str], **extra: str) -> dict[str, str]:

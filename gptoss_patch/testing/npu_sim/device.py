@@ -272,6 +272,7 @@ def _is_npu(d: Any) -> bool:
 
 _mode = None
 _PIN_MEMORY = None
+_DEVICE = None  # torch.device, bound by enter_device_mapping
 
 
 class NPUOnCPU(TorchFunctionMode):
@@ -290,6 +291,12 @@ class NPUOnCPU(TorchFunctionMode):
             # ``torch.zeros(..., pin_memory=True)`` (NPUModelRunner's host staging buffers): page-locked host
             # memory, a transfer-speed property; the same allocation unpinned has the same values.
             kwargs = dict(kwargs, pin_memory=False)
+        if func is _DEVICE and args and (_is_npu(args[0]) or (isinstance(args[0], int)
+                                                            and not isinstance(args[0], bool))):
+            # ``torch.device("npu", 0)``, ``torch.device("npu:0")``, ``torch.device(0)`` (index 0 of the current
+            # accelerator, as vLLM's MemorySnapshot builds it from ``current_platform.current_device()``): all the same
+            # host device, without an index, so that devices built either way compare equal
+            return func("cpu")
         dev = kwargs.get("device")
         # an int device is an index of the accelerator (torch.npu.current_device() returns one)
         if dev is not None and (_is_npu(dev) or (isinstance(dev, int) and not isinstance(dev, bool))):
@@ -309,10 +316,11 @@ def enter_device_mapping() -> None:
     (``shared/reference/simulator_notes.md``). Torch function modes are thread-local: call this in
     every thread that allocates on the simulated device.
     """
-    global _mode, _PIN_MEMORY
+    global _mode, _PIN_MEMORY, _DEVICE
     import torch
 
     _PIN_MEMORY = torch.Tensor.pin_memory
+    _DEVICE = torch.device
 
     if getattr(_state, "mapped", False):
         return

@@ -1,4 +1,11 @@
-"""One compatibility shim between vLLM 0.11.x and the PyTorch the cells run (2.13 CPU), for piecewise compilation.
+"""Shims between the upstream releases and the test environment (CPU torch 2.13, no torchvision, no vllm-ascend C
+extension), installed with the simulator, never by the product. Each is a property of this environment, not of the NPU;
+each changes nothing but the one incompatibility it names:
+
+* :func:`install` - vLLM 0.11's TorchDynamo hook and torch 2.13's extra keyword (below);
+* :func:`install_worker_patch_tolerance` - vllm-ascend's worker patches without torchvision;
+* :func:`settle_custom_op_probe` - vllm-ascend's ``enable_custom_op()`` answered before any tracing;
+* :func:`no_autograd_cache_for_graph_modules` - torch 2.13's AOTAutograd cache and vllm-ascend 0.12's compiler.
 
 vLLM 0.11.x was released against torch 2.8. Its ``@support_torch_compile`` decorator
 (``vllm/compilation/decorators.py``, 0.11.0) records the files TorchDynamo traces by replacing
@@ -17,7 +24,7 @@ installed with the simulator, never by the product.
 
 from __future__ import annotations
 
-__all__ = ["install", "install_worker_patch_tolerance", "settle_custom_op_probe"]
+__all__ = ["install", "install_worker_patch_tolerance", "settle_custom_op_probe", "no_autograd_cache_for_graph_modules"]
 
 
 def _wrap(module) -> None:
@@ -158,3 +165,27 @@ def settle_custom_op_probe() -> None:
             hook(sys.modules[name])
         else:
             wrapt.register_post_import_hook(hook, name)
+
+
+def no_autograd_cache_for_graph_modules() -> None:
+    """Switch off TorchDynamo's AOTAutograd cache (``torch._functorch.config.enable_autograd_cache``) in this process.
+
+    vllm-ascend 0.12.0rc1's graph-fusion compiler (``compilation/compiler_interface.py`` ``fusion_pass_compile``) hands
+    ``aot_autograd`` an inner compiler that returns the FX ``GraphModule`` itself. torch 2.13's AOTAutograd cache, on
+    by default, accepts only inductor ``OutputCode`` results ("expected OutputCode"), so no model could compile; the
+    torch the release was written for did not insist. The cache only saves compile time across processes; results are
+    the same without it. A property of the test environment's torch, installed with the simulator.
+    """
+    import sys
+
+    def hook(module) -> None:
+        if hasattr(module, "enable_autograd_cache"):
+            module.enable_autograd_cache = False
+
+    name = "torch._functorch.config"
+    if name in sys.modules:
+        hook(sys.modules[name])
+        return
+    import wrapt
+
+    wrapt.register_post_import_hook(hook, name)
