@@ -59,6 +59,7 @@ RANDOM_WEIGHTS_PROBLEMS = ("chat: empty message.content", "chat: the reasoning_c
 #: vLLM log lines the report is read from (vllm 0.11-0.19 wording).
 _ACTIVATED = re.compile(r"gptoss-patch: pid (\d+) \(([^)]*)\) activated by ([\w-]+): (\w[\w-]*)")
 _FIRST_USE = re.compile(r"gptoss-patch: pid (\d+) \(([^)]*)\) first GPT-OSS (\w+) forward on the (\w+) path")
+_GRAPHS = re.compile(r"NPU simulator: pid (\d+): (\d+) NPU graph (captures|replays)")
 _KV = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _CAPTURE = re.compile(r"Capturing (?:ACL|CUDA) graphs \(([^)]*)\).*?(\d+)/(\d+) \[")
 
@@ -96,6 +97,7 @@ class ServeReport:
     processes: list[dict] = field(default_factory=list)
     first_use: list[dict] = field(default_factory=list)
     graph_captures: dict[str, int] = field(default_factory=dict)
+    npu_graphs: dict[str, int] = field(default_factory=dict)  # simulator counts (lower bounds: logged at powers of 2)
     kv_cache_tokens: int | None = None
     verify_server_exit: int | None = None
     verify_server_problems: list[str] = field(default_factory=list)
@@ -311,6 +313,8 @@ def read_log(report: ServeReport, text: str) -> None:
                                  "path": m.group(4)})
     for m in _CAPTURE.finditer(text):
         report.graph_captures[m.group(1)] = max(report.graph_captures.get(m.group(1), 0), int(m.group(2)))
+    for m in _GRAPHS.finditer(text):
+        report.npu_graphs[m.group(3)] = max(report.npu_graphs.get(m.group(3), 0), int(m.group(2)))
     kv = _KV.search(text)
     report.kv_cache_tokens = int(kv.group(1).replace(",", "")) if kv else None
 
@@ -407,6 +411,9 @@ def print_report(r: ServeReport) -> None:
         print(f"  first GPT-OSS {u['capability']} forward on the {u['path']} path in {u['process']} (pid {u['pid']})")
     if r.graph_captures:
         print("  ACL graphs captured: " + ", ".join(f"{k}: {v}" for k, v in r.graph_captures.items()))
+    if r.npu_graphs:
+        print(f"  NPU graphs (simulator, at least): {r.npu_graphs.get('captures', 0)} captured, "
+              f"{r.npu_graphs.get('replays', 0)} replayed")
     if r.kv_cache_tokens is not None:
         print(f"  KV cache: {r.kv_cache_tokens} tokens ({r.kv_cache_tokens // 128} blocks of 128)")
     if not r.started:

@@ -34,6 +34,9 @@ def _checks(report: serve_job.ServeReport, mode: str) -> None:
         assert not report.graph_captures, report.graph_captures
     else:
         assert any(kind in k and n == 3 for k, n in report.graph_captures.items()), report.graph_captures
+        # the requests were answered from replayed NPU graphs (PIECEWISE: every piece of every size is one graph)
+        assert report.npu_graphs.get("captures", 0) >= 3 and report.npu_graphs.get("replays", 0) >= 4, \
+            report.npu_graphs
     assert len(report.exchanges) == 6 and {e.kind for e in report.exchanges} == {"chat", "completion"}
     for e in report.exchanges:
         assert e.generated == e.reference[:len(e.generated)] and len(e.generated) == 12, (e.label, e.generated,

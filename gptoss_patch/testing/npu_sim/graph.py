@@ -891,6 +891,23 @@ class ExternalEvent:
         return f"<simulated ExternalEvent {self._id} {'set' if self._set else 'clear'}>"
 
 
+#: NPU graphs captured and replayed in this process (read by the main job through the log lines of :func:`_count`).
+COUNTS = {"captures": 0, "replays": 0}
+
+
+def _count(what: str) -> None:
+    """Count a capture or a replay; log the running totals at 1, 2, 4, 8, ... of them (a process's log then shows how
+    many at least happened, e.g. vLLM's engine-core process, which exits without running ``atexit`` handlers)."""
+    COUNTS[what] += 1
+    n = COUNTS[what]
+    if n & (n - 1) == 0:
+        import logging
+        import os
+
+        logging.getLogger("vllm.gptoss_patch").info("gptoss-patch NPU simulator: pid %d: %d NPU graph %s", os.getpid(),
+                                                    n, what)
+
+
 class NPUGraph:
     """``torch.npu.NPUGraph``: a captured program of the simulated device (PT-graphs, PT-graphcpp)."""
 
@@ -946,6 +963,7 @@ class NPUGraph:
         _capture = None
         self._nodes, self._host_reads = cap.nodes, cap.host_reads
         self._has_graph = True
+        _count("captures")
         if cap.group is not None:
             raise RuntimeError("graph_task_group_begin() without graph_task_group_end() before the capture ended")
 
@@ -960,6 +978,7 @@ class NPUGraph:
             raise RuntimeError("NPUGraph.replay(): a previous replay of this graph is still queued on another stream "
                                "(waiting for an ExternalEvent); concurrent executions of one graph are not simulated")
         _runtime.submit(stream, _ReplayTask(self))
+        _count("replays")
 
     def reset(self) -> None:
         """Delete the captured graph (its task-group handles become invalid)."""

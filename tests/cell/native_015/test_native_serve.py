@@ -28,6 +28,7 @@ def test_native_vllm_serve_answers_with_transformers_tokens(mode):
     assert engine and all(p["decision"] == ROW.verdict for p in engine), (report.processes, ROW.verdict)
     if mode == "PIECEWISE":
         assert any("PIECEWISE" in k and n == 3 for k, n in report.graph_captures.items()), report.graph_captures
+        assert report.npu_graphs.get("replays", 0) >= 4, report.npu_graphs
     for e in report.exchanges:
         assert e.generated == e.reference[:len(e.generated)] and len(e.generated) == 12, (e.label, e.generated,
                                                                                           e.reference)
