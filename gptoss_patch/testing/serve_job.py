@@ -185,8 +185,20 @@ def serve_env(vocab_env: dict[str, str], **extra: str) -> dict[str, str]:
     env = dict(os.environ, GPTOSS_PATCH_SIMULATE_NPU="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                VLLM_LOGGING_LEVEL="INFO", **vocab_env)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the engine core runs in its own process, as users run it
+    env.update(_float32_nz_off())
     env.update(extra)
     return env
+
+
+def _float32_nz_off() -> dict[str, str]:
+    """``VLLM_ASCEND_ENABLE_NZ=0`` on the layouts that cast float32 MoE weights to FRACTAL_NZ, which no NZ grouped
+    matmul accepts (:data:`gptoss_patch.testing.main_job.FLOAT32_NZ_OFF_LAYOUTS`, 0.12.0rc1); else nothing."""
+    from gptoss_patch import environment, matrix
+    from gptoss_patch.testing.main_job import FLOAT32_NZ_OFF_LAYOUTS
+
+    v = environment.installed_versions()
+    layout = getattr(matrix.decide(v.vllm_ascend, v.vllm).row, "layout", None)
+    return {"VLLM_ASCEND_ENABLE_NZ": "0"} if layout in FLOAT32_NZ_OFF_LAYOUTS else {}
 
 
 class Server:
