@@ -12,6 +12,8 @@ upstream and not patched: building a GPT-OSS model that would use it stops with 
 that avoids it). The release verdict follows from them:
 
 * ``apply``: some capability is patched; the patches of the row's layout are registered, the guard is armed.
+  (``checkpoint_mxfp4`` is the exception: its patches are vLLM-side, :data:`MXFP4_TARGETS`, and are registered on
+  *apply* and *stand-down* rows alike when the row says *patched*.)
 * ``stand-down``: nothing to patch; the guard is still armed and refuses the row's *refused* capabilities
   when the model being built would use them (e.g. FULL_DECODE_ONLY graphs on 0.15.0rc1-0.19.1rc1).
 * ``refuse``: unknown, unparsable, unpaired or structurally different; nothing is patched, and building a
