@@ -198,7 +198,8 @@ class LazyMxfp4(torch.Tensor):
     ``.permute(0, 2, 1).contiguous()`` and ``param.copy_(...)``. This tensor has no storage: slicing and permuting
     only narrow a view of the blocks; the first other operation (``copy_`` into the parameter, ``clone``, anything)
     dequantizes exactly the viewed region (:func:`dequantize_region`) and runs on that. So each rank dequantizes its
-    own slice, with vLLM's own slicing rules, and never the whole tensor.
+    own slice, with vLLM's own slicing rules, and never the whole tensor; a ``copy_`` into a tensor of this shape
+    dequantizes one expert at a time straight into it (:meth:`copy_into`), so the slice is never held twice.
 
     Construct with :meth:`create`. ``dtype`` is bfloat16 (what transformers' dequantizer yields); device that of the
     blocks.
@@ -234,6 +235,21 @@ class LazyMxfp4(torch.Tensor):
         order = {0: 0, 2: 1, 1: 2}  # source axis -> position in the region
         return region.permute(*[order[a] for a in self._dims])
 
+    def copy_into(self, dest: torch.Tensor) -> torch.Tensor:
+        """``dest.copy_(self)`` one expert at a time: the viewed region is dequantized straight into ``dest`` (any
+        layout, same shape), so no second copy of the rank's slice is ever held. Returns ``dest``."""
+        if tuple(dest.shape) != tuple(self.shape):
+            dest.copy_(self.materialize())  # broadcasting copy: torch's own rules and errors
+            return dest
+        e_dim = self._dims.index(0)
+        lo, hi = self._ranges[e_dim]
+        for i, e in enumerate(range(lo, hi)):
+            ranges = list(self._ranges)
+            ranges[e_dim] = (e, e + 1)
+            part = LazyMxfp4(self._blocks, self._scales, self._dims, ranges).materialize()
+            dest.narrow(e_dim, i, 1).copy_(part)
+        return dest
+
     def _narrow(self, dim: int, start: int | None, end: int | None, step: int) -> "LazyMxfp4 | None":
         if step != 1:
             return None
@@ -267,6 +283,10 @@ class LazyMxfp4(torch.Tensor):
                 return LazyMxfp4(me._blocks, me._scales, [me._dims[p] for p in perm], [me._ranges[p] for p in perm])
             elif func in (_aten.alias.default, _aten.detach.default):
                 return LazyMxfp4(me._blocks, me._scales, me._dims, me._ranges)
+
+        if (func is _aten.copy_.default and len(args) >= 2 and isinstance(args[1], LazyMxfp4)
+                and not isinstance(args[0], LazyMxfp4) and not kwargs.get("non_blocking", False)):
+            return args[1].copy_into(args[0])
 
         def real(x):
             return x.materialize() if isinstance(x, LazyMxfp4) else x
