@@ -244,8 +244,8 @@ def _rank_facts(config: dict, tp: int, report: CheckReport, mxfp4: bool) -> None
     except KeyError:
         return
     budget = CARD_BYTES * CARD_UTILIZATION
-    what = "BF16 weights per rank" + (" (after dequantizing the MXFP4 experts)" if mxfp4 else "")
-    report.facts["bf16_weights_per_rank"] = f"{per_rank / 2**30:.1f} GiB {what}"
+    what = " (after dequantizing the MXFP4 experts)" if mxfp4 else ""
+    report.facts["bf16_weights_per_rank"] = f"{per_rank / 2**30:.2f} GiB{what}"
     if per_rank < budget:
         report.facts["fits_910b3_64gb"] = (f"yes: {(budget - per_rank) / 2**30:.1f} GiB left for the KV cache and "
                                            f"activations at gpu_memory_utilization {CARD_UTILIZATION}")
