@@ -60,13 +60,8 @@ import vllm.model_executor.models.gpt_oss as g
 from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
 from gptoss_patch.patches import mxfp4
 # vLLM's own rank answers, as on rank `rank` of TP `tp` (no process group needed for a loader-only run)
-g.get_tensor_model_parallel_rank = lambda: rank
-g.get_tensor_model_parallel_world_size = lambda: tp
-g.get_ep_group = lambda: types.SimpleNamespace(world_size=1, rank=0)
-if hasattr(g, "get_dp_group"):
-    g.get_dp_group = lambda: types.SimpleNamespace(world_size=1, rank_in_group=0)
-if hasattr(g, "get_pcp_group"):
-    g.get_pcp_group = lambda: types.SimpleNamespace(world_size=1, rank_in_group=0)
+from gptoss_patch.testing.mxfp4_case import set_rank
+set_rank(g, tp, rank, 1, 0)
 
 per = I // tp
 class Experts(nn.Module):

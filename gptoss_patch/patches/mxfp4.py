@@ -22,7 +22,7 @@ How
       :class:`gptoss_patch.kernels.mxfp4.LazyMxfp4` each - the BF16 checkpoint tensor ``[E, C, R]`` with no storage -
       and upstream's BF16 loader ``_load_weights_other`` runs on that stream (the config it sees for the call has no
       ``quantization_config``). ``_load_weights_other`` slices its rank's part with its own rules (TP ``[:, :,
-      2s:2e]`` / ``[:, s:e, :]``, EP ``[a:b]``; DP/PCP flattening from vLLM 0.17), permutes and copies into the
+      2s:2e]`` / ``[:, s:e, :]``, EP ``[a:b]``; DP/PCP flattening from vLLM 0.12), permutes and copies into the
       parameter; only that copy dequantizes, and only the sliced region. Host memory: one pair of the layer's
       blocks/scales (read lazily from the safetensors mmap) and the rank's BF16 slice of one tensor.
       Non-expert tensors (attention, router, norms, embeddings, expert biases, all BF16 in the official files)

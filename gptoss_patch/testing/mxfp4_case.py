@@ -11,8 +11,9 @@ the expert parameters, twice per rank:
   BF16 path, our code not involved.
 
 The rank is what vLLM's module-level rank functions answer (``get_tensor_model_parallel_rank`` / ``_world_size``,
-``get_ep_group``, and from vLLM 0.17 ``get_dp_group`` / ``get_pcp_group`` for ``flatten_tp_across_dp_and_pcp``): the
-loader is run, not a process group. Shapes: experts ``E``, hidden ``H``, intermediate ``I`` with ``I / tp`` cutting
+``get_ep_group``, and from vLLM 0.12 ``get_dp_group`` / ``get_pcp_group`` and ``fused_moe/config.py``'s
+``get_tensor_model_parallel_rank`` for ``FusedMoEParallelConfig.flatten_tp_across_dp_and_pcp``): the loader is run,
+not a process group. Shapes: experts ``E``, hidden ``H``, intermediate ``I`` with ``I / tp`` cutting
 MXFP4 blocks (e.g. ``I = 96``, ``tp = 2``: 48 columns, a block and a half).
 """
 
@@ -52,7 +53,25 @@ def _stub_model(gpt_oss_module: Any, E: int, H: int, I: int, per: int, ep: int, 
     return OneLayer
 
 
-def _set_rank(g: Any, tp: int, tp_rank: int, ep: int, ep_rank: int) -> None:
+def _moe_config_module() -> Any:
+    """vLLM's ``fused_moe/config.py``: from vLLM 0.12 ``FusedMoEParallelConfig.flatten_tp_across_dp_and_pcp`` asks
+    its own module-level ``get_tensor_model_parallel_rank`` (None where the module has no such name)."""
+    import importlib
+
+    try:
+        mod = importlib.import_module("vllm.model_executor.layers.fused_moe.config")
+    except ImportError:
+        return None
+    return mod if hasattr(mod, "get_tensor_model_parallel_rank") else None
+
+
+def set_rank(g: Any, tp: int, tp_rank: int, ep: int, ep_rank: int) -> None:
+    """Make vLLM's module-level rank functions that ``GptOssModel.load_weights`` reaches (module ``g`` =
+    ``vllm.model_executor.models.gpt_oss``, and ``fused_moe/config.py`` from vLLM 0.12) answer as rank ``tp_rank`` of
+    ``tp`` and ``ep_rank`` of ``ep`` (DP and PCP of size 1). The caller restores them (:func:`compare_ranks` does)."""
+    moe_config = _moe_config_module()
+    if moe_config is not None:
+        moe_config.get_tensor_model_parallel_rank = lambda: tp_rank
     g.get_tensor_model_parallel_rank = lambda: tp_rank
     g.get_tensor_model_parallel_world_size = lambda: tp
     g.get_ep_group = lambda: types.SimpleNamespace(world_size=ep, rank=ep_rank, rank_in_group=ep_rank)
@@ -89,11 +108,13 @@ def compare_ranks(E: int = 4, H: int = 64, I: int = 96, tp: int = 2, ep: int = 1
     prefix = "layers.0.mlp.experts."
     saved = {k: getattr(g, k) for k in ("get_tensor_model_parallel_rank", "get_tensor_model_parallel_world_size",
                                         "get_ep_group", "get_dp_group", "get_pcp_group") if hasattr(g, k)}
+    moe_config = _moe_config_module()
+    saved_moe = moe_config.get_tensor_model_parallel_rank if moe_config is not None else None
     results = []
     try:
         for rank in range(max(tp, ep)):
             per = -(-I // tp) if ep == 1 else I
-            _set_rank(g, tp if ep == 1 else 1, rank if ep == 1 else 0, ep, rank if ep > 1 else 0)
+            set_rank(g, tp if ep == 1 else 1, rank if ep == 1 else 0, ep, rank if ep > 1 else 0)
             out = {"rank": rank}
             params = {}
             for label, mx, stream in (
@@ -117,4 +138,6 @@ def compare_ranks(E: int = 4, H: int = 64, I: int = 96, tp: int = 2, ep: int = 1
     finally:
         for k, v in saved.items():
             setattr(g, k, v)
+        if moe_config is not None:
+            moe_config.get_tensor_model_parallel_rank = saved_moe
     return results
