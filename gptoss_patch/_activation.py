@@ -22,6 +22,7 @@ _decision: matrix.Decision | None = None
 _versions: environment.Versions | None = None
 _registry: Registry | None = None
 _guard: Registry | None = None
+_checkpoint: Registry | None = None  # the MXFP4 checkpoint patches (gptoss_patch.patches.mxfp4), when the row has them
 _hooked: set[str] = set()
 #: Set once the deciding activate() has registered its post-import hooks (after releasing _lock); a later caller
 #: waits for it, so no caller goes on to import vllm-ascend before the hooks are in place.
@@ -90,7 +91,7 @@ def _decide(force: bool | None) -> tuple[environment.Versions, matrix.Decision]:
     import wrapt  # noqa: F401
 
     from gptoss_patch import drift  # noqa: F401 - Registry.on_import
-    from gptoss_patch.patches import all_specs, guard  # noqa: F401
+    from gptoss_patch.patches import all_specs, guard, mxfp4  # noqa: F401
 
     all_specs()  # imports the capability modules layout_plan() reads
     versions = environment.installed_versions()
@@ -202,6 +203,8 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
                 sys.stderr.write(f"gptoss-patch: WARNING: {_decision.reason}\n")
             if _decision.verdict == matrix.APPLY and _decision.row is not None:
                 hooks += _register(_decision.row)
+            if _decision.verdict in (matrix.APPLY, matrix.STAND_DOWN) and _decision.row is not None:
+                hooks += _register_checkpoint(_decision.row)
             if _versions.vllm_ascend is not None:
                 hooks += _arm_guard()  # also on stand-down: it refuses the row's refused capabilities at model build
             evidence.activation(source, _decision)
@@ -231,6 +234,30 @@ def _arm_guard() -> list[tuple[Registry, str]]:
     _guard = Registry([spec], {"guard": guard.TARGET})
     _hooked.add(guard.TARGET_MODULE)
     return [(_guard, guard.TARGET_MODULE)]
+
+
+def _register_checkpoint(row: matrix.Row) -> list[tuple[Registry, str]]:
+    """The MXFP4 checkpoint patches (vLLM-side, :data:`gptoss_patch.matrix.MXFP4_TARGETS`) when ``row``'s
+    ``checkpoint_mxfp4`` capability is *patched*, on apply and stand-down rows alike; returns their hooks."""
+    global _checkpoint
+    from gptoss_patch.patches import mxfp4
+
+    cap = row.caps.get("checkpoint_mxfp4")
+    if cap is None or cap.state != matrix.PATCHED:
+        return []
+    _checkpoint = Registry(list(mxfp4.PATCHES), dict(matrix.MXFP4_TARGETS))
+    hooks = []
+    for module in _checkpoint.target_modules():
+        _hooked.add(module)
+        hooks.append((_checkpoint, module))
+    return hooks
+
+
+def checkpoint_patch_states() -> dict[str, str]:
+    """The MXFP4 checkpoint patches of this process: ``{name: "state: reason"}`` (empty when the row has none)."""
+    with _lock:
+        reg = _checkpoint
+    return {name: f"{st.state}: {st.reason}" for name, st in reg.states.items()} if reg is not None else {}
 
 
 def _register(row: matrix.Row) -> list[tuple[Registry, str]]:
@@ -263,6 +290,8 @@ def deactivate() -> Status:
     The GPT-OSS guard stays armed: after this, building a GPT-OSS model raises ``GptOssNotPatchedError``.
     """
     with _lock:
+        if _checkpoint is not None:
+            _checkpoint.remove_all()
         if _registry is not None:
             _registry.remove_all()  # the guard stays: GPT-OSS built now would meet unpatched upstream code
         return status()
@@ -284,6 +313,8 @@ def status() -> Status:
         details = {}
         guard = _guard.states.get("guard.gpt_oss_model") if _guard else None
         details["guard"] = f"{guard.state}: {guard.reason}" if guard else "not armed"
+        if _checkpoint is not None:
+            details["checkpoint_mxfp4"] = {name: f"{st.state}: {st.reason}" for name, st in _checkpoint.states.items()}
         kernels = sys.modules.get("gptoss_patch.kernels.attention")
         if kernels is not None and kernels.path_description():
             details["attention_path"] = kernels.path_description()
@@ -306,13 +337,15 @@ def status() -> Status:
 
 def _reset_for_tests() -> None:
     """Forget the decision (patches are removed first). For unit tests only."""
-    global _decision, _versions, _registry, _guard, _registering
+    global _decision, _versions, _registry, _guard, _registering, _checkpoint
     with _lock:
+        if _checkpoint is not None:
+            _checkpoint.remove_all()
         if _registry is not None:
             _registry.remove_all()
         if _guard is not None:
             _guard.remove_all()
-        _decision = _versions = _registry = _guard = None
+        _decision = _versions = _registry = _guard = _checkpoint = None
         _sources.clear()
         _hooks_registered.clear()
         _registering = None

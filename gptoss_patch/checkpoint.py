@@ -5,10 +5,14 @@
 reading tensor data), so it runs in seconds even on the 120b checkpoint. What it checks:
 
 * ``config.json`` exists, is JSON, ``model_type == "gpt_oss"``;
-* no MXFP4 quantization: the official ``openai/gpt-oss-*`` weights carry
-  ``quantization_config.quant_method == "mxfp4"`` (and ``*_blocks``/``*_scales`` expert tensors), which
-  vllm-ascend cannot run (vllm-ascend#7131); the BF16 releases ``unsloth/gpt-oss-20b-BF16`` /
-  ``unsloth/gpt-oss-120b-BF16`` can (seed deployment write-up, vllm-ascend gpt-oss-120b tutorial);
+* quantization: none (the BF16 releases ``unsloth/gpt-oss-20b-BF16`` / ``unsloth/gpt-oss-120b-BF16``), or MXFP4
+  (``quantization_config.quant_method == "mxfp4"``, the official ``openai/gpt-oss-*`` weights, whose experts are
+  ``*_blocks``/``*_scales``): vllm-ascend cannot run FP4 (vllm-ascend#7131), so gptoss-patch dequantizes the experts
+  to BF16 while loading (:mod:`gptoss_patch.patches.mxfp4`); their shapes, partners and shard lengths are checked by
+  :func:`gptoss_patch.patches.mxfp4.check_files`. Any other method is a problem;
+* the per-rank BF16 weight bytes (:func:`rank_bf16_bytes`, an MXFP4 checkpoint counted as dequantized) and whether
+  they leave room for the KV cache on a 64 GB Atlas 800T A2 (910B3) card at vLLM's default
+  ``gpu_memory_utilization`` 0.9;
 * every tensor GPT-OSS needs is present with the shape the config implies (the layout of transformers'
   ``GptOssForCausalLM``, see :mod:`gptoss_patch.testing.tiny`): attention ``sinks [Nq]``,
   ``{q,k,v,o}_proj`` weights and biases, ``router.{weight,bias}``, experts ``gate_up_proj [E, H, 2I]``,
@@ -35,7 +39,12 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["CheckReport", "expected_tensors", "check_checkpoint", "mismatched_shapes", "main", "BF16_RELEASES"]
+__all__ = ["CheckReport", "expected_tensors", "check_checkpoint", "mismatched_shapes", "main", "BF16_RELEASES",
+           "rank_bf16_bytes", "CARD_BYTES"]
+
+#: HBM of one Atlas 800T A2 910B3 card (64 GB) and vLLM's default share of it (``gpu_memory_utilization`` 0.9).
+CARD_BYTES = 64 * 2**30
+CARD_UTILIZATION = 0.9
 
 #: Where to get weights vllm-ascend can run, by ``num_hidden_layers`` of the official configs (24 / 36).
 BF16_RELEASES = {24: "unsloth/gpt-oss-20b-BF16", 36: "unsloth/gpt-oss-120b-BF16"}
@@ -208,6 +217,44 @@ def _tp_facts(config: dict, tp: int, report: CheckReport) -> None:
             f"multiple of 16: {per_rank % 16 == 0}, of 32: {per_rank % 32 == 0}")
 
 
+def rank_bf16_bytes(config: dict, tp: int) -> int:
+    """Bytes of one tensor-parallel rank's weights in BF16 (an MXFP4 checkpoint counted after dequantization).
+
+    vLLM's GPT-OSS splits across ranks: embeddings and ``lm_head`` by vocabulary, q/o projections and sinks by heads,
+    k/v by KV heads (replicated, one head per rank, when ``tp`` exceeds them), experts and their ``gate_up`` bias by
+    the intermediate dimension; norms, router and the ``down_proj`` bias are whole on every rank
+    (``vllm/model_executor/models/gpt_oss.py``). ``config``: the parsed ``config.json`` (keys of
+    :func:`expected_tensors`). Raises ``KeyError`` naming a missing key."""
+    h, i, e, v = (config["hidden_size"], config["intermediate_size"], config["num_local_experts"],
+                  config["vocab_size"])
+    nq, nkv = config["num_attention_heads"], config["num_key_value_heads"]
+    d = config.get("head_dim") or h // nq
+    kv = max(nkv // tp, 1) * d
+    heads = math.ceil(nq / tp) * d
+    inter = math.ceil(i / tp)
+    vocab = math.ceil(v / tp) * h * (1 if config.get("tie_word_embeddings", False) else 2)
+    layer = (2 * h + heads * h + heads + 2 * (kv * h + kv) + h * heads + h + math.ceil(nq / tp)
+             + e * h + e + e * h * 2 * inter + e * 2 * inter + e * inter * h + e * h)
+    return 2 * (vocab + h + config["num_hidden_layers"] * layer)
+
+
+def _rank_facts(config: dict, tp: int, report: CheckReport, mxfp4: bool) -> None:
+    try:
+        per_rank = rank_bf16_bytes(config, tp)
+    except KeyError:
+        return
+    budget = CARD_BYTES * CARD_UTILIZATION
+    what = " (after dequantizing the MXFP4 experts)" if mxfp4 else ""
+    report.facts["bf16_weights_per_rank"] = f"{per_rank / 2**30:.2f} GiB{what}"
+    if per_rank < budget:
+        report.facts["fits_910b3_64gb"] = (f"yes: {(budget - per_rank) / 2**30:.1f} GiB left for the KV cache and "
+                                           f"activations at gpu_memory_utilization {CARD_UTILIZATION}")
+    else:
+        report.problems.append(f"the weights need {per_rank / 2**30:.1f} GiB per rank at tensor-parallel size {tp}, "
+                               f"more than {budget / 2**30:.1f} GiB of a 64 GB 910B3 card at gpu_memory_utilization "
+                               f"{CARD_UTILIZATION}; use a larger --tensor-parallel-size")
+
+
 def check_checkpoint(directory, tp: int = 1) -> CheckReport:
     """Check a GPT-OSS checkpoint directory for serving on vllm-ascend at tensor-parallel size ``tp``.
 
@@ -243,9 +290,9 @@ def check_checkpoint(directory, tp: int = 1) -> CheckReport:
     if quant:
         method = str(quant.get("quant_method", "?")) if isinstance(quant, dict) else str(quant)
         if method.lower() == "mxfp4":
-            report.problems.append(f"{config_path}: MXFP4-quantized weights (quantization_config.quant_method "
-                                   "'mxfp4', the official openai/gpt-oss-* release); Ascend NPUs cannot run FP4 "
-                                   f"(vllm-ascend#7131): {_bf16_hint(config)}")
+            report.facts["quantization"] = ("MXFP4 experts (official openai/gpt-oss-* layout): Ascend NPUs cannot run "
+                                            "FP4 (vllm-ascend#7131); gptoss-patch dequantizes them to BF16 while "
+                                            "loading, each rank its own slice")
         else:
             report.problems.append(f"{config_path}: quantization_config.quant_method {method!r}; gptoss-patch "
                                    f"supports the unquantized BF16 checkpoints only: {_bf16_hint(config)}")
@@ -268,6 +315,10 @@ def check_checkpoint(directory, tp: int = 1) -> CheckReport:
     _tp_facts(config, tp, report)
 
     expected = expected_tensors(config)
+    is_mxfp4 = bool(quant) and isinstance(quant, dict) and str(quant.get("quant_method", "")).lower() == "mxfp4"
+    if is_mxfp4:  # experts as *_blocks/*_scales: checked by patches.mxfp4.check_files
+        expected = {k: v for k, v in expected.items() if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
+    _rank_facts(config, tp, report, is_mxfp4)
     headers = _read_headers(directory, report)
     if headers is None:
         return report
@@ -276,6 +327,13 @@ def check_checkpoint(directory, tp: int = 1) -> CheckReport:
     if mxfp4 and not (quant and str(quant.get("quant_method", "")).lower() == "mxfp4"):
         report.problems.append(f"{directory / found[mxfp4[0]][0]}: tensor {mxfp4[0]} (and {len(mxfp4) - 1} more "
                                f"*_blocks/*_scales) are MXFP4 expert weights; {_bf16_hint(config)}")
+    if is_mxfp4:
+        from gptoss_patch.patches.mxfp4 import Mxfp4CheckpointError, check_files
+
+        try:
+            report.problems += [f"{directory}: {p}" for p in check_files(str(directory), config)]
+        except (Mxfp4CheckpointError, KeyError, ValueError) as exc:
+            report.problems.append(f"{directory}: MXFP4 experts cannot be checked: {exc}")
     where = "model.safetensors.index.json" if (directory / "model.safetensors.index.json").is_file() else None
     # tensors of a missing or unreadable file are covered by that file's problem; list the others
     if assignment is None:

@@ -12,6 +12,8 @@ upstream and not patched: building a GPT-OSS model that would use it stops with 
 that avoids it). The release verdict follows from them:
 
 * ``apply``: some capability is patched; the patches of the row's layout are registered, the guard is armed.
+  (``checkpoint_mxfp4`` is the exception: its patches are vLLM-side, :data:`MXFP4_TARGETS`, and are registered on
+  *apply* and *stand-down* rows alike when the row says *patched*.)
 * ``stand-down``: nothing to patch; the guard is still armed and refuses the row's *refused* capabilities
   when the model being built would use them (e.g. FULL_DECODE_ONLY graphs on 0.15.0rc1-0.19.1rc1).
 * ``refuse``: unknown, unparsable, unpaired or structurally different; nothing is patched, and building a
@@ -123,6 +125,15 @@ VLLM_RELIED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                        ("per_layer_sliding_window", "**")),
 }
 
+#: Where the MXFP4 checkpoint patches (:mod:`gptoss_patch.patches.mxfp4`) hook: vLLM-side targets, the same in every
+#: vLLM paired with a row whose ``checkpoint_mxfp4`` capability is *patched* (vLLM 0.11.0 ... 0.19.1, read from each
+#: release's ``vllm/config/model.py`` and ``vllm/model_executor/models/gpt_oss.py``; docs/upstream.md). They are
+#: registered on *apply* and *stand-down* rows alike, whatever the row's layout.
+MXFP4_TARGETS: dict[str, str] = {
+    "mxfp4_verify_quantization": "vllm.config.model:ModelConfig._verify_quantization",
+    "mxfp4_load_weights": "vllm.model_executor.models.gpt_oss:GptOssModel.load_weights",
+}
+
 #: Which patches (by name, see gptoss_patch.patches) each layout family needs. One name per line: each
 #: capability module owns its own lines.
 LAYOUT_PATCHES: dict[str, tuple[str, ...]] = {
@@ -185,6 +196,7 @@ CAPABILITIES: dict[str, str] = {
     "nz_padding": "per-rank MoE intermediate 360 (120b at TP 8) on FRACTAL_NZ weights",
     "yarn": "YaRN rope with rope_scaling.truncate = false",
     "checkpoint_bf16": "loading a BF16 GPT-OSS checkpoint",
+    "checkpoint_mxfp4": "loading an official MXFP4 GPT-OSS checkpoint (experts dequantized to BF16 while loading)",
     "atlas_310p": "Atlas 300I Duo (310P) attention",
     "paged_attention_shapes": "additional_config.pa_shape_list under FULL_DECODE_ONLY graphs",
 }
@@ -232,6 +244,15 @@ _C_BF16_024 = Cap(REFUSED, "vLLM 0.24.0 keeps experts under routed_experts witho
                            "does not load (vllm#45830); use vllm-ascend 0.23.0 or 0.25.1rc1")
 
 
+#: MXFP4 checkpoints (docs/upstream.md "MXFP4 checkpoints"): no vllm-ascend release runs FP4 experts; vLLM's
+#: ``NPUPlatform.verify_quantization`` rejects ``mxfp4``. Patched (dequantized to BF16 per rank while loading) where the
+#: vLLM side was read and a cell runs the MXFP4 checkpoint; refused (loud at start-up) where nobody checked the loader.
+_C_MXFP4 = Cap(PATCHED, "no vllm-ascend release runs MXFP4 experts (vLLM's quantization check rejects mxfp4 on NPU); "
+                        "the experts are dequantized to BF16 per rank slice while vLLM's BF16 loader reads them")
+_C_MXFP4_UNCHECKED = Cap(REFUSED, "MXFP4 dequantization not checked against this release's vLLM GPT-OSS loader "
+                                  "(vLLM >= 0.20); use a BF16 checkpoint or vllm-ascend <= 0.19.1rc1")
+
+
 def _patched_caps(p310: Cap = _C_310P) -> dict[str, Cap]:
     """Capabilities of an *apply* row of layouts B-F (vllm-ascend 0.11-0.14)."""
     return {
@@ -242,6 +263,7 @@ def _patched_caps(p310: Cap = _C_310P) -> dict[str, Cap]:
         "nz_padding": Cap(PATCHED, "the NZ cast of a 360-wide w2 is misaligned; padded to 368 where it casts"),
         "yarn": Cap(PATCHED, "vllm-ascend's YaRN rounds the ramp (and rejects truncate= from vLLM >= 0.12)"),
         "checkpoint_bf16": Cap(NATIVE),
+        "checkpoint_mxfp4": _C_MXFP4,
         "atlas_310p": p310,
         "paged_attention_shapes": Cap(PATCHED, "sink and window layers take our attention path in every state"),
     }
@@ -257,6 +279,7 @@ def _native_caps(**changes: Cap) -> dict[str, Cap]:
         "nz_padding": Cap(NATIVE, "no default NZ cast of unquantized MoE weights on A2/A3"),
         "yarn": Cap(NATIVE),
         "checkpoint_bf16": Cap(NATIVE),
+        "checkpoint_mxfp4": _C_MXFP4,
         "atlas_310p": _C_310P,
         "paged_attention_shapes": _C_PA_SHAPES,
     }
@@ -351,7 +374,8 @@ ROWS: tuple[Row, ...] = (
         "native GPT-OSS support (MoE activation fixed by PR #8465, swa_mask by PR #8387)",
         _native_caps(attention=_C_BAND)),
     *(Row(va, vv, "2.10.0", npu, cann, STAND_DOWN, None, False, note,
-          _native_caps(**{"attention": _C_BAND, "attention_graph": _C_GRAPH_NATIVE, **changes}))
+          _native_caps(**{"attention": _C_BAND, "attention_graph": _C_GRAPH_NATIVE,
+                          "checkpoint_mxfp4": _C_MXFP4_UNCHECKED, **changes}))
       for va, vv, npu, cann, note, changes in (
           ("0.20.2rc1", "0.20.2", "2.10.0", "9.0.0", "native; graphs keep the sinks (PR #9165)", {}),
           ("0.21.0rc1", "0.21.0", "2.10.0", "9.0.0", "native (judged from the wheel: its sdist differs)", {}),

@@ -171,6 +171,7 @@ def refused_in_use(capabilities: dict, vllm_config: Any) -> list[str]:
                                     if _full_decode_graphs(vllm_config) else None),
         "quantized_moe": lambda: f"quantization {quant}" if quant else None,
         "checkpoint_bf16": lambda: None if quant else "an unquantized checkpoint",
+        "checkpoint_mxfp4": lambda: "an MXFP4 checkpoint" if _mxfp4(model_config) else None,
         "atlas_310p": lambda: "an Atlas 310P device" if _is_310p() else None,
         "nz_padding": lambda: None,  # refused nowhere; padding is a patch or native
         "paged_attention_shapes": lambda: (f"pa_shape_list {_pa_shapes(vllm_config)} with cudagraph_mode "
@@ -185,6 +186,13 @@ def refused_in_use(capabilities: dict, vllm_config: Any) -> list[str]:
         if used:
             lines.append(f"{name}: {cap.get('note', '')} (in use: {used})")
     return lines
+
+
+def _mxfp4(model_config: Any) -> bool:
+    from gptoss_patch.patches.mxfp4 import is_gpt_oss_mxfp4
+
+    hf_config = getattr(model_config, "hf_config", None)
+    return hf_config is not None and is_gpt_oss_mxfp4(hf_config)
 
 
 def check_capabilities(status: Any, vllm_config: Any) -> None:
@@ -299,6 +307,9 @@ def _guard_init(wrapped, instance, args, kwargs):
 
     vllm_config = kwargs.get("vllm_config", args[0] if args else None)
     check_capabilities(gptoss_patch.status(), vllm_config)
+    from gptoss_patch.patches import mxfp4
+
+    mxfp4.check_build(vllm_config, gptoss_patch.status())
     check_checkpoint(vllm_config)
     try:
         result = wrapped(*args, **kwargs)

@@ -91,6 +91,7 @@ class Report:
     """What the main job prints (``--json``: this as a dict)."""
 
     mode: str
+    checkpoint: str = "bf16"  # "bf16" (the BF16 release layout) or "mxfp4" (the official MXFP4 layout)
     conversations: list[ConversationResult] = field(default_factory=list)
     states_seen: list[str] = field(default_factory=list)
     reused_prefix_blocks: int = 0
@@ -160,39 +161,53 @@ def _writer_key() -> str:
     from gptoss_patch.testing import tiny
 
     h = hashlib.sha256()
-    for mod in (tiny, tokenizer):
+    from gptoss_patch.kernels import mxfp4
+
+    for mod in (tiny, tokenizer, mxfp4):
         h.update(Path(mod.__file__).read_bytes())
     return h.hexdigest()[:10]
 
 
-def ensure_checkpoint(workdir: Path, seed: int = 0) -> Path:
-    """The tiny GPT-OSS checkpoint (preset ``tiny``, with tokenizer files) of ``seed`` under ``workdir``, written on
-    first use whole into a temporary directory and then renamed, and keyed by :func:`_writer_key`."""
+#: ``--checkpoint`` -> (tiny preset, ``write_checkpoint`` quantization). MXFP4 packs the expert intermediate dimension
+#: in blocks of 32, so its preset has intermediate 384 (gptoss_patch.testing.tiny "tiny-mxfp4").
+CHECKPOINTS = {"bf16": ("tiny", None), "mxfp4": ("tiny-mxfp4", "mxfp4")}
+
+
+def ensure_checkpoint(workdir: Path, seed: int = 0, checkpoint_format: str = "bf16") -> Path:
+    """The tiny GPT-OSS checkpoint (a key of :data:`CHECKPOINTS`, with tokenizer files) of ``seed`` under
+    ``workdir``, written on first use whole into a temporary directory and then renamed, keyed by
+    :func:`_writer_key`."""
     from gptoss_patch.testing.tiny import write_checkpoint
 
+    preset, quantization = CHECKPOINTS[checkpoint_format]
     workdir.mkdir(parents=True, exist_ok=True)
-    checkpoint = workdir / f"gpt-oss-tiny-seed{seed}-{_writer_key()}"
+    suffix = "" if quantization is None else f"-{quantization}"
+    checkpoint = workdir / f"gpt-oss-tiny{suffix}-seed{seed}-{_writer_key()}"
     if not (checkpoint / ".complete").exists():
         import shutil
         import tempfile
 
         tmp = Path(tempfile.mkdtemp(prefix=".gpt-oss-tiny-", dir=workdir))
-        write_checkpoint(tmp, preset="tiny", seed=seed, tokenizer=True)
+        write_checkpoint(tmp, preset=preset, seed=seed, tokenizer=True, quantization=quantization)
         (tmp / ".complete").write_text("ok\n")
         shutil.rmtree(checkpoint, ignore_errors=True)
         os.replace(tmp, checkpoint)
     return checkpoint
 
 
-def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32", graph: bool = False) -> Report:
-    """Run the main job once (eager, or FULL_DECODE_ONLY ACL graphs for the decode steps); return the report."""
+def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32", graph: bool = False,
+        checkpoint_format: str = "bf16") -> Report:
+    """Run the main job once (eager, or FULL_DECODE_ONLY ACL graphs for the decode steps); return the report.
+
+    ``checkpoint_format``: a key of :data:`CHECKPOINTS`; ``"mxfp4"`` writes the tiny model in the official MXFP4
+    layout, which vLLM loads through our dequantizing patch and transformers (the reference) dequantizes itself."""
     import gptoss_patch
     from gptoss_patch.testing.runner import SimulatedGptOss, ascend_context
 
     report = Report(mode=f"{'FULL_DECODE_ONLY graph' if graph else 'eager'}, {dtype}",
-                    logit_tolerance=LOGIT_TOLERANCE[dtype])
+                    logit_tolerance=LOGIT_TOLERANCE[dtype], checkpoint=checkpoint_format)
     t0 = time.perf_counter()
-    checkpoint = ensure_checkpoint(workdir, seed)
+    checkpoint = ensure_checkpoint(workdir, seed, checkpoint_format)
     encoding = harmony_encoding(workdir / "vocab")
     prompts = render_prompts(encoding)
     report.seconds["setup"] = round(time.perf_counter() - t0, 1)
@@ -242,7 +257,7 @@ def run(workdir: Path, steps: int = 32, seed: int = 0, dtype: str = "float32", g
 
 def print_report(report: Report) -> None:
     """Human-readable report."""
-    print(f"GPT-OSS main job ({report.mode}) - vLLM GptOssForCausalLM on patched vllm-ascend "
+    print(f"GPT-OSS main job ({report.mode}, {report.checkpoint} checkpoint) - vLLM GptOssForCausalLM on patched vllm-ascend "
           f"{report.status.get('versions', {}).get('vllm_ascend')} (NPU simulator) vs transformers float32")
     print(f"  attention states exercised: {', '.join(report.states_seen)}; KV blocks reused from the prefix "
           f"cache: {report.reused_prefix_blocks}")
@@ -277,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--graph", action="store_true", help="decode steps through FULL_DECODE_ONLY ACL graphs")
+    ap.add_argument("--checkpoint", default="bf16", choices=sorted(CHECKPOINTS),
+                    help="tiny checkpoint layout: bf16 (BF16 releases) or mxfp4 (official MXFP4 release)")
     args = ap.parse_args(argv)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if args.json:
@@ -284,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     from gptoss_patch.testing import npu_sim
 
     npu_sim.install()
-    report = run(args.workdir, steps=args.steps, dtype=args.dtype, graph=args.graph)
+    report = run(args.workdir, steps=args.steps, dtype=args.dtype, graph=args.graph, checkpoint_format=args.checkpoint)
     if args.json:
         d = asdict(report)
         d["ok"] = report.ok

@@ -591,11 +591,35 @@ class SimulatedGptOss:
                 for g in self.groups]
 
 
+def _transformers_mxfp4_model(checkpoint: str | os.PathLike):
+    """transformers' ``GptOssForCausalLM`` (float32) of an MXFP4 checkpoint, experts dequantized by transformers'
+    ``integrations/mxfp4.py`` ``convert_moe_packed_tensors`` - what ``Mxfp4Config(dequantize=True)`` runs on a
+    machine without an FP4 kernel. (``from_pretrained`` with that config needs ``accelerate``, which the cells do not
+    install: the same conversion is applied here to the safetensors and loaded with ``strict=True``.) The bfloat16
+    dequantized values are exact in float32."""
+    from safetensors.torch import load_file
+    from transformers import GptOssConfig, GptOssForCausalLM
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    config = GptOssConfig.from_pretrained(str(checkpoint))
+    del config.quantization_config
+    state: dict[str, torch.Tensor] = {}
+    for path in sorted(Path(checkpoint).glob("*.safetensors")):
+        state.update(load_file(str(path)))
+    for name in [n for n in state if n.endswith("_blocks")]:
+        base = name[: -len("_blocks")]
+        state[base] = convert_moe_packed_tensors(state.pop(name), state.pop(base + "_scales"))
+    model = GptOssForCausalLM(config).float()  # rope buffers computed as from_pretrained does; weights replaced below
+    model.load_state_dict({k: v.to(torch.float32) for k, v in state.items()}, strict=True)
+    return model
+
+
 def reference_generate(checkpoint: str | os.PathLike, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                        cache_dir: str | os.PathLike | None = None) -> list[tuple[list[int], list[torch.Tensor]]]:
     """transformers' greedy generation, float32: per prompt (tokens, logits ``[vocab]`` per generated token).
 
-    The greedy tokens come from ``generate``; the logits from one teacher-forced forward pass over
+    An MXFP4 checkpoint (``quantization_config.quant_method: mxfp4``) is dequantized by transformers' own
+    ``integrations/mxfp4.py`` ``convert_moe_packed_tensors`` (:func:`_transformers_mxfp4_model`). The greedy tokens come from ``generate``; the logits from one teacher-forced forward pass over
     prompt + tokens (the same numbers ``generate`` scored, without its per-step overhead). With
     ``cache_dir``, the tokens are cached under a key of the checkpoint bytes, the prompts, the step count
     and the transformers version (greedy tokens are deterministic for those); logits are recomputed.
@@ -606,7 +630,11 @@ def reference_generate(checkpoint: str | os.PathLike, prompts: Sequence[Sequence
     import transformers
     from transformers import GptOssForCausalLM
 
-    model = GptOssForCausalLM.from_pretrained(str(checkpoint), torch_dtype=torch.float32)
+    config = json.loads((Path(checkpoint) / "config.json").read_text())
+    if (config.get("quantization_config") or {}).get("quant_method") == "mxfp4":
+        model = _transformers_mxfp4_model(checkpoint)
+    else:
+        model = GptOssForCausalLM.from_pretrained(str(checkpoint), torch_dtype=torch.float32)
     model.eval()
     cached: dict = {}
     path = None

@@ -39,7 +39,15 @@ import os
 import re
 from pathlib import Path
 
-__all__ = ["PRESETS", "COMMON", "config_for", "parameter_shapes", "checkpoint_bytes", "write_checkpoint"]
+__all__ = ["PRESETS", "COMMON", "MXFP4_QUANTIZATION_CONFIG", "config_for", "parameter_shapes", "checkpoint_bytes",
+           "write_checkpoint", "quantize_checkpoint_mxfp4"]
+
+#: ``quantization_config`` of the official MXFP4 releases (``openai/gpt-oss-20b`` / ``-120b`` ``config.json``).
+MXFP4_QUANTIZATION_CONFIG = {
+    "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                               "lm_head"],
+    "quant_method": "mxfp4",
+}
 
 #: Configuration shared by every preset: the values of the public gpt-oss config.json files
 #: (``openai/gpt-oss-20b`` / ``-120b``), minus ``quantization_config`` (the BF16 releases have none).
@@ -102,6 +110,20 @@ PRESETS: dict[str, dict] = {
         },
         "max_shard_size": None,
         "notes": "61.6 MB bf16; per rank at TP=2 it has the shapes of 'tiny'",
+    },
+    # 'tiny' for the MXFP4 layout: MXFP4 packs the intermediate dimension of down_proj in blocks of 32, so the
+    # intermediate size is 384 (360 is not a multiple of 32; the official 2880 is 90 blocks).
+    "tiny-mxfp4": {
+        "config": {
+            "hidden_size": 64,
+            "intermediate_size": 384,
+            "num_hidden_layers": 4,
+            "num_attention_heads": 8,
+            "num_key_value_heads": 1,
+            "num_local_experts": 8,
+        },
+        "max_shard_size": None,
+        "notes": "write with quantization='mxfp4': experts as *_blocks/*_scales, the rest bf16",
     },
     # gpt-oss-120b's own hidden / intermediate / head shapes, so that at TP=8 every rank holds the
     # real per-rank tensors (8 q heads, 1 kv head, intermediate 360, hidden 2880); few layers and
@@ -248,7 +270,7 @@ def _state_dict(config, seed: int):
 
 
 def write_checkpoint(directory, preset: str = "tiny", seed: int = 0, tokenizer=True, max_shard_size=None,
-                     **overrides) -> Path:
+                     quantization: str | None = None, **overrides) -> Path:
     """Write a deterministic GPT-OSS checkpoint directory in the public BF16 release layout.
 
     ``directory``: created if needed; existing checkpoint files in it are replaced.
@@ -261,18 +283,23 @@ def write_checkpoint(directory, preset: str = "tiny", seed: int = 0, tokenizer=T
     ``max_shard_size``: e.g. ``"20MB"`` to shard (``model-0000k-of-0000n.safetensors`` +
     ``model.safetensors.index.json``); default per preset (tiny: one ``model.safetensors``).
     ``overrides``: ``GptOssConfig`` keywords on top of the preset (see :func:`config_for`).
+    ``quantization``: ``"mxfp4"`` writes the official MXFP4 layout instead (:func:`quantize_checkpoint_mxfp4`:
+    expert weights as ``*_blocks``/``*_scales``, ``quantization_config`` of the releases); None (default) BF16.
 
     Writes via ``GptOssForCausalLM.save_pretrained(safe_serialization=True)``: ``config.json``
     (with ``torch_dtype: "bfloat16"`` as in the releases; transformers >= 4.56 would write
     ``dtype``), ``generation_config.json`` (bos 199998, eos [200002, 199999, 200012], pad 199999,
     as published), all tensors bf16 (shapes in the module docstring). Returns the directory.
-    Raises ``ValueError`` (unknown preset, bad seed or overrides),
+    Raises ``ValueError`` (unknown preset, bad seed or overrides, unknown ``quantization``, an MXFP4 checkpoint
+    whose hidden or intermediate size is not a multiple of 32),
     :class:`gptoss_patch.tokenizer.VocabularyError` (no/invalid vocabulary for the tokenizer).
     """
     from transformers import GenerationConfig
 
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+    if quantization not in (None, "mxfp4"):
+        raise ValueError(f"quantization must be None (BF16) or 'mxfp4', got {quantization!r}")
     spec = _preset(preset)
     config = config_for(preset, **overrides)
     directory = Path(directory)
@@ -300,12 +327,62 @@ def write_checkpoint(directory, preset: str = "tiny", seed: int = 0, tokenizer=T
     values.pop("dtype", None)
     values["torch_dtype"] = "bfloat16"
     config_path.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
+    if quantization == "mxfp4":
+        quantize_checkpoint_mxfp4(directory)
     for written in directory.glob("model*.safetensors*"):
         os.chmod(written, 0o644)  # safetensors writes 0600; a checkpoint is read by other users/processes
     if tokenizer is not False and tokenizer is not None:
         from gptoss_patch.tokenizer import write_tokenizer_files
 
         write_tokenizer_files(directory, None if tokenizer is True else tokenizer)
+    return directory
+
+
+def quantize_checkpoint_mxfp4(directory) -> Path:
+    """Turn a BF16 GPT-OSS checkpoint directory into the official MXFP4 layout, in place.
+
+    Per layer ``L`` the expert weights become (shapes of ``openai/gpt-oss-*``; block layout = the BF16 tensor
+    transposed, see :mod:`gptoss_patch.kernels.mxfp4`)::
+
+        model.layers.L.mlp.experts.gate_up_proj_blocks   uint8 [E, 2I, H/32, 16]   (from gate_up_proj [E, H, 2I])
+        model.layers.L.mlp.experts.gate_up_proj_scales   uint8 [E, 2I, H/32]
+        model.layers.L.mlp.experts.down_proj_blocks      uint8 [E, H, I/32, 16]    (from down_proj [E, I, H])
+        model.layers.L.mlp.experts.down_proj_scales      uint8 [E, H, I/32]
+
+    quantized by :func:`gptoss_patch.kernels.mxfp4.quantize` (our writer; the tests check it against transformers'
+    dequantizer); biases and every other tensor stay bf16. ``config.json`` gets :data:`MXFP4_QUANTIZATION_CONFIG`;
+    a sharded checkpoint's ``model.safetensors.index.json`` is rewritten with the new names. Returns the directory.
+
+    Raises:
+        ValueError: a hidden or intermediate size that is not a multiple of 32.
+    """
+    from safetensors.torch import load_file, save_file
+
+    from gptoss_patch.kernels.mxfp4 import quantize
+
+    directory = Path(directory)
+    index_path = directory / "model.safetensors.index.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else None
+    for path in sorted(directory.glob("model*.safetensors")):
+        tensors = load_file(str(path))
+        out = {}
+        for name, tensor in tensors.items():
+            if name.endswith((".mlp.experts.gate_up_proj", ".mlp.experts.down_proj")):
+                blocks, scales = quantize(tensor.transpose(1, 2))
+                out[name + "_blocks"], out[name + "_scales"] = blocks, scales
+                if index is not None:
+                    shard = index["weight_map"].pop(name)
+                    index["weight_map"][name + "_blocks"] = index["weight_map"][name + "_scales"] = shard
+            else:
+                out[name] = tensor
+        save_file(out, str(path), metadata={"format": "pt"})
+    if index is not None:
+        index["metadata"]["total_size"] = sum(os.path.getsize(p) for p in directory.glob("model*.safetensors"))
+        index_path.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    config_path = directory / "config.json"
+    values = json.loads(config_path.read_text())
+    values["quantization_config"] = copy.deepcopy(MXFP4_QUANTIZATION_CONFIG)
+    config_path.write_text(json.dumps(values, indent=2, sort_keys=True) + "\n")
     return directory
 
 

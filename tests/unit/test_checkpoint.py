@@ -109,22 +109,52 @@ def test_tp_that_does_not_divide_the_intermediate_size(tiny, tmp_path):
                                "intermediate dimension is split across ranks)"]
 
 
-def test_mxfp4_config_points_to_bf16_release(tiny, tmp_path):
-    bad = copy(tiny, tmp_path)
-    config = json.loads((bad / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "mxfp4",
-                                     "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router",
-                                                                "model.embed_tokens", "lm_head"]}
-    (bad / "config.json").write_text(json.dumps(config))
-    report = check_checkpoint(bad)
-    assert len(report.problems) == 1
-    problem = report.problems[0]
-    assert problem.startswith(f"{bad / 'config.json'}: MXFP4-quantized weights")
-    assert "vllm-ascend#7131" in problem
-    assert "unsloth/gpt-oss-20b-BF16 or unsloth/gpt-oss-120b-BF16" in problem  # 4 layers: neither release
-    config["num_hidden_layers"] = 36  # the 120b geometry picks the 120b release
+def test_mxfp4_checkpoint_is_accepted_with_its_dequantized_rank_size(tmp_path):
+    """Issue 18: the official MXFP4 layout is served (experts dequantized while loading); the report says so and
+    gives the per-rank BF16 size and the 64 GB 910B3 fit."""
+    from gptoss_patch.testing.tiny import write_checkpoint
+
+    mx = write_checkpoint(tmp_path / "mx", preset="tiny-mxfp4", seed=0, tokenizer=False, quantization="mxfp4")
+    report = check_checkpoint(mx, tp=2)
+    assert report.ok, report.problems
+    assert report.facts["quantization"].startswith("MXFP4 experts") and "dequantizes them to BF16" in \
+        report.facts["quantization"]
+    # vocabulary-split embeddings + lm_head: 2 x 100544 x 64, plus 4 layers at intermediate 192: ~14 M parameters
+    assert report.facts["bf16_weights_per_rank"] == "0.03 GiB (after dequantizing the MXFP4 experts)"
+    assert report.facts["fits_910b3_64gb"].startswith("yes: ")
+    assert not any("do not use" in w for w in report.warnings), report.warnings
+
+
+def test_mxfp4_checkpoint_with_missing_scales_names_the_tensor(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from gptoss_patch.testing.tiny import write_checkpoint
+
+    mx = write_checkpoint(tmp_path / "mx", preset="tiny-mxfp4", seed=0, tokenizer=False, quantization="mxfp4")
+    tensors = load_file(str(mx / "model.safetensors"))
+    del tensors["model.layers.3.mlp.experts.gate_up_proj_scales"]
+    save_file(tensors, str(mx / "model.safetensors"), metadata={"format": "pt"})
+    report = check_checkpoint(mx)
+    assert report.problems == [f"{mx}: model.layers.3.mlp.experts.gate_up_proj_blocks has no "
+                               "model.layers.3.mlp.experts.gate_up_proj_scales (expected shape [8, 768, 2] uint8)"]
+
+
+def test_rank_bf16_bytes_of_the_released_geometries():
+    """gpt-oss-120b: 116.8 B parameters (model card) = 217.6 GiB in BF16; at TP 8 each rank holds 27.2 GiB (the
+    replicated norms/router/down-proj bias add little); gpt-oss-20b: 20.9 B = 39.0 GiB."""
+    from gptoss_patch.checkpoint import rank_bf16_bytes
+
+    c120 = dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=36, num_attention_heads=64,
+                num_key_value_heads=8, num_local_experts=128, vocab_size=201088, head_dim=64)
+    assert round(rank_bf16_bytes(c120, 1) / 2**30, 1) == 217.6
+    assert round(rank_bf16_bytes(c120, 8) / 2**30, 1) == 27.2
+    assert round(rank_bf16_bytes(dict(c120, num_hidden_layers=24, num_local_experts=32), 1) / 2**30, 1) == 39.0
+
+
+def test_bf16_hint_picks_the_release_by_layer_count():
     from gptoss_patch.checkpoint import _bf16_hint
 
+    config = {"num_hidden_layers": 36}
     assert "(unsloth/gpt-oss-120b-BF16;" in _bf16_hint(config)
 
 

@@ -1,0 +1,122 @@
+"""Issue 18 in the apply cells (0.11.0, 0.12.0rc1, 0.13.0, 0.14.0rc1): a tiny GPT-OSS in the official MXFP4 layout runs
+the main job through vLLM's GptOssForCausalLM and loader on patched vllm-ascend (simulated NPU) with the same greedy
+tokens as transformers' run of the same files (experts dequantized by transformers' ``convert_moe_packed_tensors``);
+without gptoss-patch vLLM rejects the checkpoint; a truncated shard stops the build before any weight loads, naming
+the tensor and its expected shape."""
+
+import json
+import os
+import subprocess
+import sys
+
+from gptoss_patch import matrix
+
+BUILD = """
+import sys
+from gptoss_patch.testing import npu_sim
+npu_sim.install()
+from gptoss_patch.testing.tiny import write_checkpoint
+from gptoss_patch.testing.runner import ascend_context
+ckpt = write_checkpoint(sys.argv[1], preset="tiny-mxfp4", seed=0, tokenizer=False, quantization="mxfp4")
+if len(sys.argv) > 2:  # truncate the shard by N bytes (an interrupted download)
+    path = ckpt / "model.safetensors"
+    os.truncate(path, path.stat().st_size - int(sys.argv[2]))
+try:
+    with ascend_context(ckpt) as cfg:
+        from vllm.model_executor.model_loader import get_model_loader
+        get_model_loader(cfg.load_config).load_model(vllm_config=cfg, model_config=cfg.model_config)
+        print("BUILD-RESULT built")
+except Exception as exc:
+    print("BUILD-RESULT " + type(exc).__name__ + " " + str(exc).replace(chr(10), " | "))
+""".replace("import sys\n", "import os, sys\n", 1)
+
+
+def _env(**extra):
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    env.pop("GPTOSS_PATCH_ALLOW_UNPATCHED", None)
+    env.update(extra)
+    return env
+
+
+def _result(proc, tag):
+    for line in proc.stdout.splitlines():
+        if line.startswith(tag + " "):
+            return line[len(tag) + 1:]
+    raise AssertionError(f"no {tag} (rc {proc.returncode}): {proc.stderr[-3000:]}")
+
+
+def test_main_job_on_an_mxfp4_checkpoint_matches_transformers(layout, tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.testing.main_job", "--checkpoint", "mxfp4", "--json",
+                           "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=1800, env=_env())
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(f"mxfp4 main job: layout {report['layout']}, seconds {report['seconds']}, max |logit diff| "
+          f"{max(c['max_logit_diff'] for c in report['conversations'])}, tokens "
+          f"{sum(c['matched'] for c in report['conversations'])}/{sum(c['compared'] for c in report['conversations'])}")
+    assert proc.returncode == 0 and report["ok"], report["conversations"]
+    assert report["checkpoint"] == "mxfp4" and report["layout"] == layout
+    assert len(report["conversations"]) == 5
+    for c in report["conversations"]:
+        assert c["compared"] == 32 and c["matched"] == c["compared"], c
+        assert c["max_logit_diff"] <= report["logit_tolerance"], c
+    mx = report["status"]["details"]["checkpoint_mxfp4"]
+    assert sorted(mx) == ["mxfp4.dequantize_load", "mxfp4.unquantized_config"]
+    assert all(state.startswith("applied") for state in mx.values()), mx
+    assert report["status"]["capabilities"]["checkpoint_mxfp4"]["state"] == matrix.PATCHED
+    assert report["evidence"] == ["attention", "moe", "mxfp4"]  # the dequantizing loader and the patched paths ran
+
+
+def test_mxfp4_checkpoint_without_gptoss_patch_is_rejected_by_vllm(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", BUILD, str(tmp_path / "ckpt")], capture_output=True, text=True,
+                          timeout=900, env=_env(GPTOSS_PATCH_DISABLE="1", GPTOSS_PATCH_ALLOW_UNPATCHED="1"))
+    result = _result(proc, "BUILD-RESULT")
+    print(f"without gptoss-patch: {result}")
+    # vLLM's quantization check on NPU (vllm-ascend's supported_quantization has no mxfp4), or - where vllm-ascend's
+    # own quantization config takes over first (measured in the 0.11.0 cell) - the message the issue quotes from
+    # vllm_ascend/quantization/utils.py; either way the MXFP4 model does not load
+    assert result != "built"
+    assert ("mxfp4 quantization is currently not supported in npu" in result
+            or "model.layers.0.mlp.experts has different quantization type: set()" in result), result
+
+
+def test_truncated_mxfp4_shard_stops_the_build_naming_the_tensor(tmp_path):
+    proc = subprocess.run([sys.executable, "-c", BUILD, str(tmp_path / "ckpt"), "1000"], capture_output=True,
+                          text=True, timeout=900, env=_env())
+    result = _result(proc, "BUILD-RESULT")
+    assert result.startswith("Mxfp4CheckpointError"), result
+    assert "truncated shard" in result and "expected shape [" in result, result
+    assert "model.layers.3.mlp.router.weight" in result or "_blocks" in result or "_scales" in result, result
+
+
+RANKS = """
+import json
+from gptoss_patch.testing import npu_sim
+npu_sim.install()
+import vllm_ascend  # noqa: F401 - activation through the import hook, as in an NPU worker
+from gptoss_patch.testing.mxfp4_case import compare_ranks
+print("RANKS-RESULT " + json.dumps({f"tp{tp}-ep{ep}": compare_ranks(tp=tp, ep=ep) for tp, ep in ((2, 1), (4, 1), (1, 2))}))
+"""
+
+
+def test_every_rank_loads_what_vllms_bf16_loader_loads_from_transformers_dequantization():
+    """vLLM's real GptOssModel.load_weights as each rank of TP 2 and TP 4 (intermediate 96: the rank boundaries cut
+    MXFP4 blocks) and of EP 2, on the MXFP4 tensors (through our patch) and on transformers' BF16 dequantization of the
+    same tensors (vLLM's own BF16 path): the expert parameters are equal bit for bit and nothing is left unset. Where
+    vLLM's BF16 loader itself fails (vLLM 0.11.0 EP: ``load_weights`` passes ``(ep_rank_end, ep_rank_start)`` to
+    ``_load_weights_other(ep_rank_start, ep_rank_end, ...)``, so each rank slices ``weight[end:start]``, empty), the
+    MXFP4 load fails the same way - we neither fix nor hide it."""
+    import json as _json
+    import subprocess as _sp
+    import sys as _sys
+
+    proc = _sp.run([_sys.executable, "-c", RANKS], capture_output=True, text=True, timeout=900)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RANKS-RESULT ")), None)
+    assert line is not None, f"child gave no result (rc {proc.returncode}): {proc.stderr[-3000:]}"
+    res = _json.loads(line[len("RANKS-RESULT "):])
+    print(f"per-rank MXFP4 vs BF16 loads: { {k: [r['equal'] or r['bf16_error'] for r in v] for k, v in res.items()} }")
+    for case in ("tp2-ep1", "tp4-ep1"):
+        assert [r["equal"] and not r["nan_left"] for r in res[case]] == [True] * int(case[2]), res[case]
+    for r in res["tp1-ep2"]:
+        if r["bf16_error"] is None:
+            assert r["equal"] and not r["nan_left"], r
+        else:
+            assert r["mxfp4_error"] == r["bf16_error"], r
