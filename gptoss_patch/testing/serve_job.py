@@ -91,6 +91,7 @@ class ServeReport:
     """What the job saw; ``ok`` only when the server came up, every exchange matched and ``verify --server`` passed."""
 
     mode: str
+    checkpoint: str = "bf16"
     command: list[str] = field(default_factory=list)
     started: bool = False
     exchanges: list[Exchange] = field(default_factory=list)
@@ -332,10 +333,13 @@ def read_log(report: ServeReport, text: str) -> None:
 
 
 def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int = 0,
-        startup_timeout: float = 900.0, extra_env: dict[str, str] | None = None) -> ServeReport:
+        startup_timeout: float = 900.0, extra_env: dict[str, str] | None = None,
+        checkpoint_format: str = "bf16") -> ServeReport:
     """Run the job once; returns the report (never raises for a server that fails: ``report.log_tail`` says why).
 
     ``extra_env``: more environment for the server (e.g. ``GPTOSS_PATCH_DISABLE=1`` to show the unpatched stack).
+    ``checkpoint_format``: ``"bf16"`` (the public BF16 layout) or ``"mxfp4"`` (the official MXFP4 layout, which the
+    patched stack dequantizes while loading; the reference dequantizes with transformers' own code).
 
     Raises:
         ValueError: an unknown ``mode``.
@@ -344,9 +348,9 @@ def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int 
     from gptoss_patch.testing import main_job
     from gptoss_patch.testing.runner import reference_generate
 
-    report = ServeReport(mode=mode)
+    report = ServeReport(mode=mode, checkpoint=checkpoint_format)
     t0 = time.perf_counter()
-    checkpoint = main_job.ensure_checkpoint(workdir, seed)
+    checkpoint = main_job.ensure_checkpoint(workdir, seed, checkpoint_format)
     vocab = tokenizer.prepare(workdir / "vocab")
     encoding = main_job.harmony_encoding(workdir / "vocab")
     rendered = main_job.render_prompts(encoding)
@@ -363,7 +367,8 @@ def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int 
     except Exception:  # noqa: BLE001 - informative only
         pass
     t1 = time.perf_counter()
-    tag = "-".join(f"{k.removeprefix('GPTOSS_PATCH_').lower()}" for k in sorted(extra_env or {}))
+    tag = "-".join([f"{k.removeprefix('GPTOSS_PATCH_').lower()}" for k in sorted(extra_env or {})]
+                   + ([checkpoint_format] if checkpoint_format != "bf16" else []))
     log_path = workdir / f"serve-{mode}{'-' + tag if tag else ''}-{os.getpid()}.log"
     report.log_path = str(log_path)
     with Server(cmd, serve_env(vocab.env, **(extra_env or {})), log_path, port) as server:
@@ -413,7 +418,7 @@ def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int 
 
 def print_report(r: ServeReport) -> None:
     """Human-readable report."""
-    print(f"GPT-OSS main job: vllm serve ({r.mode}) on a simulated Ascend NPU, "
+    print(f"GPT-OSS main job: vllm serve ({r.mode}, {r.checkpoint} checkpoint) on a simulated Ascend NPU, "
           f"vllm {r.versions.get('vllm', '?')} + vllm-ascend {r.versions.get('vllm-ascend', '?')}, "
           "against transformers float32")
     print("  command: " + " ".join(r.command[2:]))
@@ -449,11 +454,13 @@ def main(argv: list[str] | None = None) -> int:
                     default=Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job")
     ap.add_argument("--mode", default="PIECEWISE", choices=MODES)
     ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--checkpoint", default="bf16", choices=["bf16", "mxfp4"],
+                    help="the tiny model's layout: public BF16 (default) or the official MXFP4")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.max_tokens < 1:
         ap.error(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    report = run(args.workdir, mode=args.mode, max_tokens=args.max_tokens)
+    report = run(args.workdir, mode=args.mode, max_tokens=args.max_tokens, checkpoint_format=args.checkpoint)
     if args.json:
         d = asdict(report)
         d["ok"] = report.ok

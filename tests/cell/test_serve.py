@@ -71,3 +71,10 @@ def test_unpatched_vllm_serve_answers_with_other_tokens():
     assert report.started, report.log_tail
     assert all(p["decision"] != "apply" for p in report.processes), report.processes
     assert report.exchanges and not any(e.ok for e in report.exchanges)
+
+
+def test_vllm_serve_official_mxfp4_checkpoint():
+    """The tiny model in the official MXFP4 layout: the patched server dequantizes the experts while loading and
+    answers with the tokens of transformers' run of the same checkpoint (dequantized by transformers' own code)."""
+    report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=12, checkpoint_format="mxfp4")
+    _checks(report, "PIECEWISE")
