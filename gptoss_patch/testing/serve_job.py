@@ -106,6 +106,7 @@ class ServeReport:
     seconds: dict[str, float] = field(default_factory=dict)
     log_tail: str = ""
     log_path: str = ""
+    request_error: str | None = None
     versions: dict[str, str] = field(default_factory=dict)
 
     @property
@@ -269,9 +270,12 @@ def _post(url: str, body: dict, timeout: float = 600.0) -> dict:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"content-type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return json.loads(r.read())
+            body = json.loads(r.read())
     except urllib.error.HTTPError as exc:
         raise RuntimeError(f"POST {url}: HTTP {exc.code}: {exc.read()[:500]!r}") from None
+    if not isinstance(body, dict) or not body.get("choices"):
+        raise RuntimeError(f"POST {url}: no choices in the answer: {json.dumps(body)[:500]}")
+    return body
 
 
 def _token_id(entry: dict) -> int:
@@ -379,17 +383,26 @@ def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int 
             read_log(report, server.log())
             return report
         t2 = time.perf_counter()
-        completions = [("conversation 0", rendered[0]), ("conversation 1", rendered[1]),
-                       ("prefix hit on conversation 0", shared), ("chunked prefill", long_prompt)]
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            chats = [pool.submit(chat, server.url, _messages(q), max_tokens) for q in main_job.QUESTIONS[:2]]
-            first = pool.submit(complete, server.url, completions[0][1], max_tokens).result()  # fills the prefix cache
-            rest = [pool.submit(complete, server.url, p, max_tokens) for _, p in completions[1:]]
-            results = [("chat", f"chat {i}", *f.result()) for i, f in enumerate(chats)]
-            comp = [first] + [f.result() for f in rest]
-        for (label, prompt), (ids, lps, fin) in zip(completions, comp):
-            results.append(("completion", label, prompt, ids, lps, fin))
+        results: list = []
+        try:
+            completions = [("conversation 0", rendered[0]), ("conversation 1", rendered[1]),
+                           ("prefix hit on conversation 0", shared), ("chunked prefill", long_prompt)]
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                chats = [pool.submit(chat, server.url, _messages(q), max_tokens) for q in main_job.QUESTIONS[:2]]
+                first = pool.submit(complete, server.url, completions[0][1], max_tokens).result()  # fills the prefix cache
+                rest = [pool.submit(complete, server.url, p, max_tokens) for _, p in completions[1:]]
+                results = [("chat", f"chat {i}", *f.result()) for i, f in enumerate(chats)]
+                comp = [first] + [f.result() for f in rest]
+            for (label, prompt), (ids, lps, fin) in zip(completions, comp):
+                results.append(("completion", label, prompt, ids, lps, fin))
+        except Exception as exc:  # noqa: BLE001 - a failed request is reported with the server's log, not raised
+            report.request_error = f"{type(exc).__name__}: {exc}"
+            results = []
         report.seconds["requests"] = round(time.perf_counter() - t2, 1)
+        if report.request_error:
+            report.log_tail = "\n".join(server.log().splitlines()[-40:])
+            read_log(report, server.log())
+            return report
         t3 = time.perf_counter()
         verify = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--server", server.url,
                                  "--model", "gpt-oss-tiny", "--chat-max-tokens", "32", "--json"],
@@ -435,6 +448,8 @@ def print_report(r: ServeReport) -> None:
         print(f"  KV cache: {r.kv_cache_tokens} tokens ({r.kv_cache_tokens // 128} blocks of 128)")
     if not r.started:
         print("  the server did not come up; last lines of its output:\n" + r.log_tail)
+    if r.request_error:
+        print(f"  a request failed: {r.request_error}")
     for e in r.exchanges:
         print(f"  {e.kind:10s} {e.label:30s} prompt {e.prompt_tokens:4d} tokens: {e.matched}/{len(e.generated)} tokens "
               f"equal to transformers, max |logprob diff| {e.max_logprob_diff:.1e} "
