@@ -169,9 +169,6 @@ def install(force: bool = False, children: bool = True) -> types.ModuleType:
         torch_compat.install_worker_patch_tolerance()
         torch_compat.settle_custom_op_probe()
         torch_compat.no_autograd_cache_for_graph_modules()
-        from gptoss_patch.testing.npu_sim import backports
-
-        backports.install()
         from gptoss_patch.testing.npu_sim.ops import moe as _moe_ops
 
         _moe_ops.register_c_ascend_ops()
