@@ -98,7 +98,7 @@ class ServeReport:
     processes: list[dict] = field(default_factory=list)
     first_use: list[dict] = field(default_factory=list)
     graph_captures: dict[str, int] = field(default_factory=dict)
-    npu_graphs: dict[str, int] = field(default_factory=dict)  # simulator counts (lower bounds: logged at powers of 2)
+    npu_graphs: dict[str, int] = field(default_factory=dict)  # simulator counts (replays: a lower bound)
     kv_cache_tokens: int | None = None
     verify_server_exit: int | None = None
     verify_server_problems: list[str] = field(default_factory=list)
@@ -442,7 +442,7 @@ def print_report(r: ServeReport) -> None:
     if r.graph_captures:
         print("  ACL graphs captured: " + ", ".join(f"{k}: {v}" for k, v in r.graph_captures.items()))
     if r.npu_graphs:
-        print(f"  NPU graphs (simulator, at least): {r.npu_graphs.get('captures', 0)} captured, "
+        print(f"  NPU graphs (simulator): {r.npu_graphs.get('captures', 0)} captured, at least "
               f"{r.npu_graphs.get('replays', 0)} replayed")
     if r.kv_cache_tokens is not None:
         print(f"  KV cache: {r.kv_cache_tokens} tokens ({r.kv_cache_tokens // 128} blocks of 128)")

@@ -896,11 +896,12 @@ COUNTS = {"captures": 0, "replays": 0}
 
 
 def _count(what: str) -> None:
-    """Count a capture or a replay; log the running totals at 1, 2, 4, 8, ... of them (a process's log then shows how
-    many at least happened, e.g. vLLM's engine-core process, which exits without running ``atexit`` handlers)."""
+    """Count a capture or a replay; log the running total at every capture and at the 1st, 2nd, 4th, 8th, ... replay (a
+    process's log then shows the captures and at least how many replays happened, e.g. vLLM's engine-core process,
+    which exits without running ``atexit`` handlers)."""
     COUNTS[what] += 1
     n = COUNTS[what]
-    if n & (n - 1) == 0:
+    if what == "captures" or n & (n - 1) == 0:
         import logging
         import os
 
