@@ -25,7 +25,7 @@ Environment variables (read once, at start-up):
     ``1``: make ``torch_npu`` and ``torchair`` resolve to the CPU NPU simulator
     (:mod:`gptoss_patch.testing.npu_sim`) in this interpreter and every child that inherits the
     environment (vLLM inspects models in child interpreters and starts worker processes, so an
-    in-process switch is not enough; see ``shared/reference/simulator_notes.md``). Any other
+    in-process switch is not enough; see ``docs/simulator.md`` §1). Any other
     non-empty value except ``0`` is a configuration error.
 """
 

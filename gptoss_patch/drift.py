@@ -2,7 +2,7 @@
 
 For every release of the version matrix (patched, refused and stand-down rows), ``upstream_fingerprints.json`` (next to this module) holds
 a fingerprint of each patch target: the sha256 of the target's source segment (``ast.get_source_segment`` of its
-``def``/``class``, decorators excluded - the method of ``shared/reference/upstream_fingerprints.json``), computed
+``def``/``class``, decorators excluded: ``docs/upstream.md`` §6), computed
 from the released wheel by ``scripts/update_fingerprints.py``. At activation every applied target is
 fingerprinted again from the installed files (:func:`gptoss_patch.registry.fingerprint`) and classified here:
 

@@ -1,7 +1,7 @@
 """The version matrix: one declarative table of upstream releases, and :func:`decide`.
 
 Every fact here was read from the released wheels (``pip download --no-deps vllm-ascend==X``) and
-from ``shared/reference/upstream_targets.md`` §1 (pairing, torch-npu pins, CANN) and §3 (where each
+from ``docs/upstream.md`` §1 (pairing, torch-npu pins, CANN) and §3 (where each
 target lives); a row is ``tested`` only when a ``nox`` cell ``cell-<release>`` runs the suite
 against that release's real wheels.
 
@@ -39,7 +39,7 @@ STAND_DOWN = "stand-down"
 REFUSE = "refuse"
 
 # ---------------------------------------------------------------------------------------------
-# Where each patch target lives, per module-layout family (upstream_targets.md §3).
+# Where each patch target lives, per module-layout family (docs/upstream.md §2).
 # A "target key" names a place our patches hook; the value is "module:qualname".
 # ---------------------------------------------------------------------------------------------
 

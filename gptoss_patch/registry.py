@@ -4,14 +4,13 @@ A patch is declared once, in the module of its capability (:mod:`gptoss_patch.pa
 :class:`PatchSpec`: a *target key* (resolved per release by :data:`gptoss_patch.matrix.LAYOUTS`
 to ``module:qualname``), a ``wrapt`` wrapper ``(wrapped, instance, args, kwargs)``, the
 parameters the target must have, and the modules that import the target *by value* (those
-names are rebound too, ``upstream_targets.md`` §3.5).
+names are rebound too, ``docs/upstream.md`` §7.5).
 
 Two structural checks guard every patch:
 
 * :func:`static_check` reads the target's source with :mod:`ast` *without importing it*, so an
   untested build can be judged before vllm-ascend runs (and its fingerprint compared with the
-  tested releases: sha256 of ``ast.get_source_segment`` of the def, the method of
-  ``shared/reference/upstream_fingerprints.json``);
+  tested releases: sha256 of ``ast.get_source_segment`` of the def, ``docs/upstream.md`` §6);
 * :meth:`Registry.apply` re-checks the live object (attribute exists, named parameters present)
   when the post-import hook fires, and applies all or nothing for that patch.
 
@@ -177,7 +176,7 @@ def fingerprint_in_file(path: str | os.PathLike, qualname: str) -> str | None:
     """sha256 of ``ast.get_source_segment`` of ``qualname``'s def/class in the Python file ``path`` (no import).
 
     Decorators are excluded (the segment starts at ``def``/``class``), later lines keep their indentation
-    (``shared/reference/upstream_fingerprints.json`` method). None when ``qualname`` is not defined there.
+    (``docs/upstream.md`` §6). None when ``qualname`` is not defined there.
     """
     source, tree = _parsed(str(path))
     node = _find_def(tree, qualname)

@@ -1,6 +1,6 @@
 """GPT-OSS attention (learned sinks, sliding window) on the fused NPU operators, and its plain-torch math.
 
-Two operator paths compute the same thing (``shared/reference/npu_ops.md`` §2-§3):
+Two operator paths compute the same thing (``docs/operators.md`` §3):
 
 * ``v2``: ``torch_npu.npu_fused_infer_attention_score_v2(..., learnable_sink=sinks)`` - the sink is
   an extra, unscaled logit in every softmax row (OPD-fia2 ``learnable_sink``; OTX-pfa ``Bmm2ResultDiv``),
@@ -15,7 +15,7 @@ layers use the band ``sparse_mode=4`` with ``pre_tokens = sliding_window − 1``
 the band admits ``pre_tokens + 1`` keys ending at the query's own position (OPD-fia ``sparse_mode``
 table; OTX-pfa band offsets), so ``window − 1`` gives exactly the reference model's 128 keys including the
 current one (transformers ``sliding_window_overlay``: ``kv_idx > q_idx − sliding_window``).
-vllm-ascend ≥ 0.15 passes ``pre_tokens = sliding_window`` and admits 129 (npu_ops.md §10.1).
+vllm-ascend ≥ 0.15 passes ``pre_tokens = sliding_window`` and admits 129 (docs/operators.md §3.4).
 
 Modes 3 and 4 take the same compressed 2048×2048 causal template as ``atten_mask`` (the band's
 geometry comes from the mode and pre/next; OPD-fia "Q_S>1" mask constraints, vllm-ascend PR #8387),
@@ -271,7 +271,7 @@ def fia_kwargs(path: str, *, block_table: torch.Tensor, block_size: int, query_c
     ``v2``: ``npu_fused_infer_attention_score_v2`` names, ``learnable_sink=sinks``. ``lse``: the v1 names,
     ``softmax_lse_flag=True`` when there are sinks (the LSE feeds :func:`sink_rescale`). Both: ``input_layout="TND"``,
     :func:`band` for ``sparse_mode``/``pre_tokens``/``next_tokens``, the causal template ``mask``, host-list lengths
-    (copied, so a caller's later edits do not reach a queued launch). Sources: npu_ops.md §2.1, §3.1.
+    (copied, so a caller's later edits do not reach a queued launch). Sources: docs/operators.md §3.7.
     """
     mode, pre, nxt = band(sliding_window)
     if path == V2:
@@ -290,7 +290,7 @@ def fia_kwargs(path: str, *, block_table: torch.Tensor, block_size: int, query_c
 # The capture / update protocol itself lives in gptoss_patch.patches.aclgraph.
 
 #: First torch_npu release whose op-plugin line (7.3.0) can update a captured ``npu_fused_infer_attention_score_v2``
-#: inside an NPU graph task group (op-plugin commit c2bbff98, PR !3925, 2025-12-30; npu_ops.md §3.2, §10.5).
+#: inside an NPU graph task group (op-plugin commit c2bbff98, PR !3925, 2025-12-30; docs/operators.md §3.8).
 #: torch_npu 2.7.1 / 2.8.0 (vllm-ascend 0.11 - 0.13) are on 7.2.0: their v2 can run, but not be re-issued in a
 #: captured task group, so captured sink layers use the v1 ``.out`` + LSE path there.
 V2_GRAPH_UPDATE_MIN_TORCH_NPU = (2, 9, 0)
@@ -353,7 +353,7 @@ def decode_launch_lengths(query_cu_lens: Sequence[int], kv_lens: Sequence[int], 
       ``seq_lens`` beyond the real requests hold whatever an earlier step left there;
     * 0.13.x / 0.14.0rc1: host ``query_start_loc`` padded with ``arange``, ``seq_lens`` padded with zeros.
 
-    The TND operator requires ``T`` == the last cumulative length (npu_ops.md §1.3, §2.6). Here: the real sequences
+    The TND operator requires ``T`` == the last cumulative length (docs/operators.md §3.7). Here: the real sequences
     (up to the cumulative length equal to ``num_actual_tokens``; every entry after it is padding, whatever its value)
     keep their query/KV lengths; each padding row becomes its own one-token sequence with KV length 0, which the
     operator answers with a zero row (as vllm-ascend 0.13's ``_pad_attention_seq_params`` pads).
@@ -401,7 +401,7 @@ def max_workspace(path: str, query: torch.Tensor, key_cache: torch.Tensor, value
                   torch_npu: Any = None) -> torch.Tensor:
     """``_npu_fused_infer_attention_score(_v2)_get_max_workspace`` for the launch :func:`fused_attention_out` makes.
 
-    The operator sizes the workspace for the worst case of the given shapes (npu_ops.md §2.1, §7; vllm-ascend
+    The operator sizes the workspace for the worst case of the given shapes (docs/operators.md §3.7, §6; vllm-ascend
     passes it to every captured ``.out`` call and its updates). Host-side; returns a device uint8 tensor.
     """
     if torch_npu is None:

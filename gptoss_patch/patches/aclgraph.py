@@ -5,7 +5,7 @@ Why
     FULL_DECODE_ONLY mode vllm-ascend 0.11.x captures the whole decode forward once per capture size; the decode
     attention's host parameters (sequence lengths) are rewritten before every replay by
     ``vllm_ascend.compilation.acl_graph.update_attn_params``, which knows only the plain ``_npu_paged_attention``
-    record (no sinks, no window; upstream_targets.md §3.2). GPT-OSS layers run our fused operator
+    record (no sinks, no window; docs/upstream.md §7.3). GPT-OSS layers run our fused operator
     (:mod:`gptoss_patch.patches.attention`), whose lengths are read on the host at launch: captured without a task
     group they would be frozen at capture time and every replay would attend the wrong keys - exactly what
     upstream's own sliding-window decode does in 0.11.0 (``_forward_decode_only`` launches a BSH
@@ -28,7 +28,7 @@ How
     layout's update entry points are not all our wrapper (:func:`update_entry_points`).
 
     *Update* (:func:`_update_attn_params` wraps the layout's entry point, and is rebound wherever the release imported
-    it by value - upstream_targets.md §3.5): without GPT-OSS
+    it by value - docs/upstream.md §7.5): without GPT-OSS
     records the call goes to upstream unchanged. Otherwise every record is paired with its layer's metadata **by
     layer name** - upstream zips ``forward_context.attn_metadata`` keys with ``attn_params`` by position, which with
     GPT-OSS's alternating layers and our records beside upstream's would pair layers and records wrongly. Upstream's
@@ -38,7 +38,7 @@ How
     An update that cannot be made raises :class:`AclGraphUpdateError` naming the layer and capture size and saying
     how to run PIECEWISE or eager; the event stays unrecorded, so the replay never runs stale lengths silently.
 Upstream releases
-    vllm-ascend 0.11.0rc1 ... 0.14.0rc1, one entry point per layout (upstream_targets.md §3.2), all wrapped by the same
+    vllm-ascend 0.11.0rc1 ... 0.14.0rc1, one entry point per layout (docs/upstream.md §7.3), all wrapped by the same
     :func:`_update_attn_params`:
 
     * B (0.11.x): ``acl_graph.update_attn_params(update_stream, forward_context, runtime_shape[, kv_transfer_config])``
@@ -240,7 +240,7 @@ def update_entry_points(layout: str) -> list[tuple[str, Any]]:
     be our update wrapper for captured GPT-OSS records to be updated.
 
     Read from the matrix: the ``aclgraph.*`` patch of the layout (its target) and its ``rebind_keys`` (modules that
-    imported the target's name by value, upstream_targets.md §3.5; only those already imported and holding the name).
+    imported the target's name by value, docs/upstream.md §7.5; only those already imported and holding the name).
     """
     from gptoss_patch import matrix
     from gptoss_patch.patches import layout_plan
@@ -515,7 +515,7 @@ def _update_upstream(wrapped: Callable[..., Any], head: list, rest: tuple, kw: d
 
 def _update_attn_params(wrapped, instance, args, kwargs):
     """wrapt wrapper for every graph-parameter update entry point: our records by layer name, upstream's by upstream
-    (see the module docstring). The entry points (upstream_targets.md §3.2):
+    (see the module docstring). The entry points (docs/upstream.md §7.3):
 
     * 0.11.x: ``acl_graph.update_attn_params(update_stream, forward_context, runtime_shape[, kv_transfer_config])``;
     * 0.12.0rc1: ``acl_graph.update_attn_params(update_stream, forward_context, runtime_shape)`` (FIA records);

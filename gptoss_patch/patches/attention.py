@@ -5,7 +5,7 @@ Why
     (``vllm/attention/layer.py``: ``impl_cls(..., **extra_impl_args)``). vllm-ascend 0.11.0rc1 -
     0.14.0rc1 ``AscendAttentionBackendImpl.__init__`` ends with ``**kwargs`` and never reads it,
     so the sinks vanish and GPT-OSS attention silently computes a plain softmax
-    (upstream_targets.md §2, §4.1; vllm-ascend issue #4283).
+    (docs/upstream.md §7.1, §7.2; vllm-ascend issue #4283).
 How
     A wrapt wrapper around ``AscendAttentionBackendImpl.__init__`` pops ``sinks`` from the
     keyword arguments, calls the original, validates the tensor and stores the *same object* as
@@ -26,7 +26,7 @@ How
       (``reshape_and_cache``) and calls ``forward_impl``; we compute there (the cache is not written twice; in
       PrefillNoCache the fresh K/V are already in the cache, so attending over the cache is exact). Upstream's own
       eager sliding-window decode (``_forward_decode_only`` / ``_forward_fia_slidingwindow``) returns a new tensor
-      instead of writing the buffer vLLM reads (upstream_targets.md §4.1) - never reached for our layers.
+      instead of writing the buffer vLLM reads (docs/upstream.md §7.2) - never reached for our layers.
 Upstream releases
     vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (layouts B, C, E, F in :mod:`gptoss_patch.matrix`). 0.15.0rc1
     added the parameter natively (``sinks: torch.Tensor = None``); the structural check refuses a
@@ -50,7 +50,7 @@ def validate_sinks(sinks: Any, num_heads: int, where: str) -> Any:
         sinks: ``torch.Tensor``/``nn.Parameter`` of shape ``[num_heads]`` (query heads on this
             tensor-parallel rank), floating dtype (bf16 in the checkpoints; fp16/fp32 accepted).
             One logit per query head, unscaled, joined to the softmax denominator
-            (``npu_ops.md`` §3.3; transformers ``GptOssAttention``).
+            (``docs/operators.md`` §3.5; transformers ``GptOssAttention``).
         num_heads: query heads per rank the impl was built with.
         where: description of the layer for the error message.
 
@@ -127,7 +127,7 @@ def _forward_impl(wrapped, instance, args, kwargs):
     """wrapt wrapper for ``AscendAttentionBackendImpl.forward_impl(query, key, value, kv_cache, attn_metadata,
     output)`` (vllm-ascend 0.12.0rc1 ... 0.14.0rc1).
 
-    Upstream's ``forward`` (called by vLLM's ``unified_attention_with_output`` op, upstream_targets.md §2) has
+    Upstream's ``forward`` (called by vLLM's ``unified_attention_with_output`` op, docs/upstream.md §7.1) has
     already returned zeros for ``attn_metadata is None``, written the new K/V into the paged cache
     (``reshape_and_cache``, which also sets ``impl.key_cache`` / ``impl.value_cache``) and taken the pooling branch;
     it then calls ``forward_impl`` and vLLM reads the ``output`` buffer afterwards (the return value is ignored).
@@ -221,7 +221,7 @@ def sink_window_attend(impl: Any, layer_name: Any, query: Any, attn_metadata: An
     the same launch and round identically. While a full ACL graph is being captured (FULL_DECODE_ONLY), the attention
     is captured instead as one updatable task over all ``T`` rows (:func:`gptoss_patch.patches.aclgraph.capture_decode`).
 
-    Metadata fields read (present in ``AscendMetadata`` of every supported release, upstream_targets.md §3.1):
+    Metadata fields read (present in ``AscendMetadata`` of every supported release, docs/upstream.md §7.2):
     ``attn_state``, ``num_actual_tokens``, ``actual_seq_lengths_q`` (host list), ``seq_lens_list`` (host list),
     ``block_tables``. No device-to-host synchronisation.
 

@@ -250,7 +250,7 @@ def calls_forward_with_trace_flag(layout: str) -> bool:
     """True when vLLM reaches ``impl.forward`` of ``layout`` through vllm-ascend 0.11's own custom op
     (``unified_ascend_attention_with_output`` -> ``forward(..., trace_flag=False)``); from 0.12.0rc1 on vLLM's
     ``unified_attention_with_output`` calls ``forward(..., output=, output_scale=, output_block_scale=)``
-    (upstream_targets.md §2). Read from the matrix: the layout patches the 0.11 ``forward``."""
+    (docs/upstream.md §7.1). Read from the matrix: the layout patches the 0.11 ``forward``."""
     from gptoss_patch import matrix
 
     return "attention_impl_forward_011" in matrix.LAYOUTS[layout]

@@ -44,7 +44,7 @@ LOGIT_TOLERANCE = {"float32": 1e-3, "bfloat16": 3.0}
 #: Layouts whose vllm-ascend casts float32 MoE weights to FRACTAL_NZ, which no NZ grouped matmul accepts: 0.12.0rc1's
 #: ``AscendUnquantizedFusedMoEMethod.process_weights_after_loading`` (ops/fused_moe/fused_moe.py) casts w13/w2 to NZ
 #: whenever ``utils.is_enable_nz()`` (``VLLM_ASCEND_ENABLE_NZ``, default 1), whatever the dtype, and
-#: ``aclnnGroupedMatmulWeightNz`` has alignment rules for INT8/BF16/FP16/INT4 weights only (npu_ops.md §6; 0.11.x's
+#: ``aclnnGroupedMatmulWeightNz`` has alignment rules for INT8/BF16/FP16/INT4 weights only (docs/operators.md §4.2; 0.11.x's
 #: ``is_enable_nz(dtype)`` and 0.13.0's ``maybe_trans_nz`` leave float32 in ND: "fp32 can not support NZ"). The float32
 #: comparison run on these layouts sets vllm-ascend's own switch ``VLLM_ASCEND_ENABLE_NZ=0`` (reported in
 #: ``Report.environment``); bfloat16 runs keep the default, NZ and the MoE padding patch.

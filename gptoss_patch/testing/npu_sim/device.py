@@ -1,7 +1,7 @@
 """The simulated ``torch.npu`` / ``torch_npu.npu`` device namespace: one NPU backed by host memory.
 
 Semantics follow torch_npu's Python API (Ascend/pytorch ``torch_npu/npu/__init__.py``,
-``streams.py``, ``utils.py``; ``shared/reference/npu_ops.md`` §8). Streams and events keep no
+``streams.py``, ``utils.py``; ``docs/simulator.md`` §2). Streams and events keep no
 real concurrency (CPU execution is synchronous) but keep their documented ordering rules, so
 misuse is still an error. The one exception is work an NPU graph replay leaves queued behind an
 ``ExternalEvent`` wait (``graph.py``): while a stream is blocked that way, ``synchronize``, ``query``,
@@ -289,7 +289,7 @@ def enter_device_mapping() -> None:
     ``t.to("npu")``, ``with torch.device("npu"):`` and ``t.npu()`` give CPU tensors. Implemented as a
     :class:`torch.overrides.TorchFunctionMode` pushed once at the bottom of the mode stack, so
     ``torch.device`` context managers (which push their own mode on top) are rewritten too
-    (``shared/reference/simulator_notes.md``). Torch function modes are thread-local: call this in
+    (``docs/simulator.md`` §2). Torch function modes are thread-local: call this in
     every thread that allocates on the simulated device.
     """
     global _mode, _PIN_MEMORY
