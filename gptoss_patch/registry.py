@@ -80,8 +80,8 @@ class PatchState:
     target: str
     state: str = PENDING
     reason: str = "waiting for the target module to be imported"
-    fingerprint: str | None = None
-    drift: str | None = None  # gptoss_patch.drift: "tested code (...)" / "untested code: ..." once applied
+    fingerprint: str | None = None  # filled by status() for an applied patch (gptoss_patch.drift.describe)
+    drift: str | None = None  # gptoss_patch.drift: "tested code (...)" / "untested code: ..." (status(), lazily)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -230,13 +230,6 @@ class Registry:
         if problems:
             st.state, st.reason = FAILED, "structural check failed: " + "; ".join(problems)
             return
-        try:
-            from gptoss_patch import drift
-
-            st.fingerprint = fingerprint(st.target)
-            st.drift = drift.classify(st.target, st.fingerprint).text
-        except Exception:  # noqa: BLE001 - a fingerprint is informative only
-            st.fingerprint = st.drift = None
         wrapper = wrapt.FunctionWrapper(original, spec.wrapper)
         setattr(wrapper, MARKER, spec.name)
         try:
