@@ -65,14 +65,14 @@ Remove when
 from __future__ import annotations
 
 import copy
+import sys
 import threading
 from typing import Any, Callable
 
-from gptoss_patch.registry import PatchSpec
+from gptoss_patch.registry import PatchSpec, split_target
 from gptoss_patch.patches.graph_capture import (  # noqa: F401 - the capture side, re-exported
     HOW_TO_AVOID, AclGraphCaptureError, AclGraphUpdateError, GptOssAttnParams, UpstreamAttnParams, _acl_graph,
-    _forward_context, _weak, capture_decode, capturing, is_patched, layer_name_of, run_naming_upstream_records,
-    update_entry_points)
+    _forward_context, _weak, capture_decode, capturing, layer_name_of, run_naming_upstream_records)
 
 PATCH_NAME = "aclgraph.update_attn_params"
 
@@ -212,6 +212,90 @@ def _update_attn_params(wrapped, instance, args, kwargs):
             rec.query_cu_lens, rec.seq_lens = q_cu, kv
             rec.updates += 1
     return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# which entry points must be our wrapper (asked by the capture: graph_capture.capture_decode's check_update)
+
+
+def _active_layout() -> str | None:
+    """The module-layout family (``gptoss_patch.matrix.LAYOUTS`` key) of the release gptoss-patch applied to."""
+    from gptoss_patch._state import status
+
+    return status().layout  # None unless the decision is apply
+
+
+def _live_attribute(target: str) -> tuple[Any, str, Any] | None:
+    """``(parent, attribute, raw value)`` of an imported ``module:Qual.name`` (class attributes unbound), or None."""
+    module, qualname = split_target(target)
+    obj = sys.modules.get(module)
+    if obj is None:
+        return None
+    parent, attribute = obj, qualname
+    for part in qualname.split("."):
+        parent, attribute = obj, part
+        obj = parent.__dict__.get(part) if isinstance(parent, type) else getattr(parent, part, None)
+        if obj is None:
+            return None
+    return parent, attribute, obj
+
+
+def update_entry_points(layout: str) -> list[tuple[str, Any]]:
+    """Where the graph-parameter update of ``layout`` is called from: ``(where, object)`` pairs, each of which must
+    be our update wrapper for captured GPT-OSS records to be updated.
+
+    Read from the matrix: the layout's ``aclgraph.*`` patches (:data:`PATCHES` named in
+    :data:`gptoss_patch.matrix.LAYOUT_PATCHES`), their targets and ``rebind_keys`` (modules that imported the target's
+    name by value, docs/upstream.md §7.5; only those already imported and holding the name).
+    """
+    from gptoss_patch import matrix
+
+    places = []
+    names = set(matrix.LAYOUT_PATCHES.get(layout, ()))
+    for spec in PATCHES:
+        target = matrix.LAYOUTS[layout].get(spec.target_key)
+        if spec.name not in names or target is None:
+            continue
+        live = _live_attribute(target)
+        places.append((target, live[2] if live else None))
+        if live is None:
+            continue
+        for key in spec.rebind_keys:
+            mod = sys.modules.get(matrix.LAYOUTS[layout].get(key, ""))
+            if mod is not None and live[1] in mod.__dict__:
+                places.append((f"{mod.__name__}.{live[1]}", mod.__dict__[live[1]]))
+    return places
+
+
+def check_update_patched(layer_name: str, size: int) -> None:
+    """Refuse to capture a record nobody would update (the patch off, or a by-value name not rebound)."""
+    layout = _active_layout()
+    if layout is None:
+        raise AclGraphCaptureError(layer_name, size, "gptoss-patch is not applied in this process, so the captured "
+                                                     "lengths would never be updated")
+    places = update_entry_points(layout)
+    if not places:
+        raise AclGraphCaptureError(layer_name, size, f"layout {layout} declares no ACL-graph update patch")
+    for where, obj in places:
+        if not is_patched(obj):
+            raise AclGraphCaptureError(layer_name, size, f"{where} is not gptoss-patch's update wrapper (patch not "
+                                                         "applied or rebinding failed), so the captured lengths "
+                                                         "would never be updated")
+
+
+def is_patched(fn: Any) -> bool:
+    """True when ``fn`` is (or wraps, through wrapt proxies) our update wrapper.
+
+    Checked by identity of the wrapper function along the ``__wrapped__`` chain, so another library's wrapper
+    around ours still counts and a look-alike does not. Accepts a raw ``staticmethod`` too.
+    """
+    for _ in range(8):
+        if fn is None:
+            return False
+        if getattr(fn, "_self_wrapper", None) is _update_attn_params:
+            return True
+        fn = fn.__func__ if isinstance(fn, staticmethod) else getattr(fn, "__wrapped__", None)
+    return False
 
 
 _SUMMARY = ("FULL_DECODE_ONLY graphs re-issue GPT-OSS sink/window attention with each step's lengths, records "

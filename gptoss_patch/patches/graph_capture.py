@@ -8,7 +8,6 @@ during a FULL_DECODE_ONLY capture, and refuses a capture that no update would ev
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -146,88 +145,6 @@ def _weak(t: Any) -> Any:
     return op(t)
 
 
-def _active_layout() -> str | None:
-    """The module-layout family (``gptoss_patch.matrix.LAYOUTS`` key) of the release gptoss-patch applied to."""
-    import gptoss_patch
-
-    return gptoss_patch.status().layout  # None unless the decision is apply
-
-
-def _live_attribute(target: str) -> tuple[Any, str, Any] | None:
-    """``(parent, attribute, raw value)`` of an imported ``module:Qual.name`` (class attributes unbound), or None."""
-    from gptoss_patch.registry import split_target
-
-    module, qualname = split_target(target)
-    obj = sys.modules.get(module)
-    if obj is None:
-        return None
-    parent, attribute = obj, qualname
-    for part in qualname.split("."):
-        parent, attribute = obj, part
-        obj = parent.__dict__.get(part) if isinstance(parent, type) else getattr(parent, part, None)
-        if obj is None:
-            return None
-    return parent, attribute, obj
-
-
-def update_entry_points(layout: str) -> list[tuple[str, Any]]:
-    """Where the graph-parameter update of ``layout`` is called from: ``(where, object)`` pairs, each of which must
-    be our update wrapper for captured GPT-OSS records to be updated.
-
-    Read from the matrix: the ``aclgraph.*`` patch of the layout (its target) and its ``rebind_keys`` (modules that
-    imported the target's name by value, docs/upstream.md §7.5; only those already imported and holding the name).
-    """
-    from gptoss_patch import matrix
-    from gptoss_patch.patches import layout_plan
-
-    places = []
-    for spec, target in layout_plan(layout):
-        if not spec.name.startswith("aclgraph."):
-            continue
-        live = _live_attribute(target)
-        places.append((target, live[2] if live else None))
-        if live is None:
-            continue
-        for key in spec.rebind_keys:
-            mod = sys.modules.get(matrix.LAYOUTS[layout].get(key, ""))
-            if mod is not None and live[1] in mod.__dict__:
-                places.append((f"{mod.__name__}.{live[1]}", mod.__dict__[live[1]]))
-    return places
-
-
-def _check_update_patched(layer_name: str, size: int) -> None:
-    """Refuse to capture a record nobody would update (the patch off, or a by-value name not rebound)."""
-    layout = _active_layout()
-    if layout is None:
-        raise AclGraphCaptureError(layer_name, size, "gptoss-patch is not applied in this process, so the captured "
-                                                     "lengths would never be updated")
-    places = update_entry_points(layout)
-    if not places:
-        raise AclGraphCaptureError(layer_name, size, f"layout {layout} declares no ACL-graph update patch")
-    for where, obj in places:
-        if not is_patched(obj):
-            raise AclGraphCaptureError(layer_name, size, f"{where} is not gptoss-patch's update wrapper (patch not "
-                                                         "applied or rebinding failed), so the captured lengths "
-                                                         "would never be updated")
-
-
-def is_patched(fn: Any) -> bool:
-    """True when ``fn`` is (or wraps, through wrapt proxies) our update wrapper.
-
-    Checked by identity of the wrapper function along the ``__wrapped__`` chain, so another library's wrapper
-    around ours still counts and a look-alike does not. Accepts a raw ``staticmethod`` too.
-    """
-    from gptoss_patch.patches.aclgraph import _update_attn_params
-
-    for _ in range(8):
-        if fn is None:
-            return False
-        if getattr(fn, "_self_wrapper", None) is _update_attn_params:
-            return True
-        fn = fn.__func__ if isinstance(fn, staticmethod) else getattr(fn, "__wrapped__", None)
-    return False
-
-
 def layer_name_of(impl: Any) -> str | None:
     """vLLM layer name of an ``AscendAttentionBackendImpl`` (vllm-ascend >= 0.12 does not pass the layer to
     ``forward_impl``): the key of ``forward_context.no_compile_layers`` whose ``Attention`` holds ``impl``
@@ -262,7 +179,8 @@ def _workspace(gp: Any, key: tuple, make: Callable[[], Any]) -> Any:
 # capture
 
 
-def capture_decode(impl: Any, layer_name: str | None, query: Any, output: Any, attn_metadata: Any) -> Any:
+def capture_decode(impl: Any, layer_name: str | None, query: Any, output: Any, attn_metadata: Any,
+                   check_update: Callable[[str, int], None] | None = None) -> Any:
     """Capture one GPT-OSS decode attention as an updatable task; record it in ``get_graph_params()``.
 
     Called by :func:`gptoss_patch.patches.attention.sink_window_attend` (after the KV-cache write) when
@@ -273,6 +191,9 @@ def capture_decode(impl: Any, layer_name: str | None, query: Any, output: Any, a
         layer_name: the vLLM attention layer's name (keys the record; ``forward_context.attn_metadata`` key).
         query: ``(T, N, D)``, T = the capture size; output: ``(T, N, D)`` buffer.
         attn_metadata: the layer's ``AscendMetadata`` (DecodeOnly, built by ``build_for_graph_capture``).
+        check_update: ``check_update(layer_name, size)`` raises :class:`AclGraphCaptureError` when no update would
+            re-issue the record (the attention patch passes
+            :func:`gptoss_patch.patches.aclgraph.check_update_patched`).
 
     Returns:
         ``output``.
@@ -303,7 +224,8 @@ def capture_decode(impl: Any, layer_name: str | None, query: Any, output: Any, a
                                                "with it)")
     if not name:
         raise AclGraphCaptureError(name, size, "the attention layer has no layer_name to pair its record with")
-    _check_update_patched(name, size)
+    if check_update is not None:
+        check_update(name, size)
     sinks = impl.sinks
     path = kernels.graph_path(sinks is not None)
     q_cu, kv = kernels.decode_launch_lengths(attn_metadata.actual_seq_lengths_q, attn_metadata.seq_lens_list,
