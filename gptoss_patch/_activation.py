@@ -9,11 +9,10 @@ the state (and the already-wrapped objects); a spawned child starts again from t
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import threading
 
-from gptoss_patch import _state, environment, evidence, matrix
+from gptoss_patch import _state, config, environment, evidence, matrix
 from gptoss_patch._state import status  # noqa: F401 - the public status(), re-exported
 from gptoss_patch.registry import Registry, Status, static_check
 
@@ -26,15 +25,6 @@ _registering: int | None = None
 
 #: Decision recorded when GPTOSS_PATCH_DISABLE=1: nothing is patched, the guard stays armed.
 DISABLED = "disabled"
-
-
-def _env_flag(name: str) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name}={os.environ.get(name)!r} is not a boolean; use 1 or 0")
 
 
 def _structural_check(row: matrix.Row, installed_vllm: str | None = None) -> list[str]:
@@ -89,9 +79,9 @@ def _decide(force: bool | None) -> tuple[environment.Versions, matrix.Decision]:
     all_specs()  # imports the capability modules layout_plan() reads
     versions = environment.installed_versions()
     try:
-        disabled = _env_flag("GPTOSS_PATCH_DISABLE")
+        disabled = config.flag(config.DISABLE)
         if force is None:
-            force = _env_flag("GPTOSS_PATCH_FORCE")
+            force = config.flag(config.FORCE)
     except ValueError as exc:  # fail closed: a typo must not leave GPT-OSS unpatched *and* unguarded
         return versions, matrix.Decision(matrix.REFUSE, f"configuration error: {exc}; nothing is patched")
     if disabled:

@@ -38,6 +38,8 @@ from typing import Any, Sequence
 
 import torch
 
+from gptoss_patch import config
+
 #: ``pre_tokens`` / ``next_tokens`` default of the operators ("no limit").
 INT_MAX = 2147483647
 #: Side of the compressed mask template the fused operator expects for sparse modes 2-4.
@@ -85,9 +87,7 @@ def detect_path(torch_npu: Any) -> str:
     """
     v2 = _accepts(getattr(torch_npu, "npu_fused_infer_attention_score_v2", None), "learnable_sink")
     v1 = _accepts(getattr(torch_npu, "npu_fused_infer_attention_score", None), "softmax_lse_flag")
-    forced = os.environ.get("GPTOSS_PATCH_ATTENTION_PATH", "").strip().lower()
-    if forced not in ("", V2, LSE):
-        raise ValueError(f"GPTOSS_PATCH_ATTENTION_PATH={forced!r}: use 'v2' or 'lse'")
+    forced = config.choice(config.ATTENTION_PATH) or ""
     if forced == V2 and not v2:
         raise SinkAttentionUnavailable("GPTOSS_PATCH_ATTENTION_PATH=v2 but torch_npu.npu_fused_infer_attention_score_v2 "
                                        "has no learnable_sink argument (needs torch_npu >= 2.7.1, op-plugin 7.2.0)")
@@ -327,7 +327,7 @@ def graph_path(has_sinks: bool = True, torch_npu: Any | None = None) -> str:
     path = chosen_path(torch_npu)
     if path == LSE or not has_sinks:
         return LSE
-    forced = os.environ.get("GPTOSS_PATCH_ATTENTION_PATH", "").strip().lower() == V2
+    forced = config.choice(config.ATTENTION_PATH) == V2
     if forced or v2_graph_update_supported(torch_npu):
         return V2
     if _accepts(getattr(torch_npu, "npu_fused_infer_attention_score", None), "softmax_lse_flag"):

@@ -112,7 +112,13 @@ def check(status: Any, include_pending: bool = True) -> None:
 
 
 def _allowed_unpatched() -> bool:
-    return os.environ.get("GPTOSS_PATCH_ALLOW_UNPATCHED", "").strip().lower() in ("1", "true", "yes", "on")
+    """``GPTOSS_PATCH_ALLOW_UNPATCHED`` is on; a malformed value is not (fail closed)."""
+    from gptoss_patch import config
+
+    try:
+        return config.flag(config.ALLOW_UNPATCHED)
+    except ValueError:
+        return False
 
 
 def _is_310p() -> bool:

@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +61,7 @@ from typing import Any
 from gptoss_patch.registry import PatchSpec
 
 #: Environment variable choosing when to pad: ``auto`` (default), ``always``, ``never``.
-POLICY_ENV = "GPTOSS_PATCH_MOE_PAD"
+POLICY_ENV = "GPTOSS_PATCH_MOE_PAD"  # gptoss_patch.config.MOE_PAD
 AUTO, ALWAYS, NEVER = "auto", "always", "never"
 
 _log = logging.getLogger("gptoss_patch")
@@ -76,10 +75,9 @@ def pad_policy() -> str:
     Raises:
         ValueError: a value other than ``auto``, ``always``, ``never`` (case-insensitive).
     """
-    raw = os.environ.get(POLICY_ENV, "").strip().lower() or AUTO
-    if raw not in (AUTO, ALWAYS, NEVER):
-        raise ValueError(f"{POLICY_ENV}={os.environ.get(POLICY_ENV)!r} is not one of auto, always, never")
-    return raw
+    from gptoss_patch import config
+
+    return config.choice(config.MOE_PAD)
 
 
 def _on_310p(g: dict) -> bool | None:

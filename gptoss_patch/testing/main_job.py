@@ -31,6 +31,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gptoss_patch import config
+
 #: Max |logit_vllm − logit_reference| accepted, per model dtype. The main job runs vLLM in float32 (the
 #: simulator accepts float32 as a documented extension; the real fused operators take fp16/bf16), so the
 #: comparison with the float32 reference isolates the *logic* of every patched path: measured hidden-state
@@ -264,7 +266,8 @@ def print_report(report: Report) -> None:
 def main(argv: list[str] | None = None) -> int:
     """CLI; exit 0 when every token matches, 1 otherwise."""
     ap = argparse.ArgumentParser(prog="python -m gptoss_patch.testing.main_job", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job")
+    ap.add_argument("--workdir", type=Path,
+                    default=Path(config.path(config.CACHE_DIR, "/tmp/gptoss_patch-cache")) / "main-job")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

@@ -17,11 +17,12 @@ vllm-ascend's mapping 220-225 → A2 (``vllm_ascend/utils.py`` ``init_ascend_soc
 
 from __future__ import annotations
 
-import os
 
 import contextlib
 import threading
 from typing import Any, Iterator
+
+from gptoss_patch import config
 
 #: ACL SoC version of Ascend910B1 (torch_npu ``NpuVariables.h`` ``SocVersion::Ascend910B1``).
 SOC_VERSION = 220
@@ -34,12 +35,9 @@ SOC_NAME = "Ascend910B1"
 _SOC_OVERRIDE = {200: "Ascend310P3", 201: "Ascend310P1", 202: "Ascend310P2", 203: "Ascend310P3", 204: "Ascend310P4",
                  205: "Ascend310P5", 220: "Ascend910B1", 221: "Ascend910B2", 222: "Ascend910B2C", 223: "Ascend910B3",
                  224: "Ascend910B4", 225: "Ascend910B4-1"}
-if os.environ.get("GPTOSS_PATCH_SIM_SOC_VERSION"):
-    _raw = os.environ["GPTOSS_PATCH_SIM_SOC_VERSION"]
-    if not _raw.isdigit() or int(_raw) not in _SOC_OVERRIDE:
-        raise ValueError(f"GPTOSS_PATCH_SIM_SOC_VERSION={_raw!r}: use one of {sorted(_SOC_OVERRIDE)} "
-                         "(ACL SoC version numbers: 200-205 Atlas 310P, 220-225 Atlas A2)")
-    SOC_VERSION, SOC_NAME = int(_raw), _SOC_OVERRIDE[int(_raw)]
+if config.soc_version() is not None:  # ValueError for a number the table does not have
+    SOC_VERSION = config.soc_version()
+    SOC_NAME = _SOC_OVERRIDE[SOC_VERSION]
 
 #: Ordering hooks installed by ``graph.py`` (queued graph work behind an ExternalEvent); None until it is imported.
 _runtime: Any = None
