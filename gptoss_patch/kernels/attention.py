@@ -30,9 +30,7 @@ per layer, so :mod:`gptoss_patch.patches.aclgraph` can re-issue that launch with
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import os
 import threading
 from typing import Any, Sequence
 
@@ -118,30 +116,6 @@ def chosen_path(torch_npu: Any | None = None) -> str:
                     torch_npu = _tn
                 _path = detect_path(torch_npu)
     return _path
-
-
-@contextlib.contextmanager
-def forced_path(path: str | None):
-    """Context manager: run with ``GPTOSS_PATCH_ATTENTION_PATH=path`` (None: unset), the process-wide choice reset.
-
-    The operator path is otherwise fixed once per process (:func:`chosen_path`); tests and benchmarks use this
-    to exercise both paths in one process. Restores the variable and forgets the choice on exit.
-    """
-    global _path
-    old = os.environ.get("GPTOSS_PATCH_ATTENTION_PATH")
-    if path is None:
-        os.environ.pop("GPTOSS_PATCH_ATTENTION_PATH", None)
-    else:
-        os.environ["GPTOSS_PATCH_ATTENTION_PATH"] = path
-    _path = None
-    try:
-        yield
-    finally:
-        _path = None
-        if old is None:
-            os.environ.pop("GPTOSS_PATCH_ATTENTION_PATH", None)
-        else:
-            os.environ["GPTOSS_PATCH_ATTENTION_PATH"] = old
 
 
 def path_description() -> str | None:

@@ -96,7 +96,7 @@ def batch_descriptor(size):
 # fixtures
 
 
-operator_path = kernels.forced_path
+operator_path = attention_case.forced_path
 
 
 @pytest.fixture()

@@ -12,13 +12,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptoss_patch.kernels import attention as kernels
+from gptoss_patch.testing import attention_case
 from gptoss_patch.testing.attention_case import build_case, forward_as_vllm, installed_layout, reference_output
 
 WINDOW = 128
 
 
-operator_path = kernels.forced_path
+operator_path = attention_case.forced_path
 
 
 _CONFIG = []
