@@ -15,7 +15,7 @@ How
     *Capture* (:func:`capture_decode`, called by ``attention.sink_window_attend`` when ``forward_context.capturing``
     and the current stream is capturing): upstream's protocol - ``ExternalEvent`` wait + reset on the capture stream,
     ``graph_task_group_begin``, ONE ``.out`` launch of the fused operator
-    (:func:`gptoss_patch.kernels.attention.fused_attention_out`: v2 with ``learnable_sink``, or v1 with
+    (:func:`gptoss_patch.kernels.attention.relaunch_out`: v2 with ``learnable_sink``, or v1 with
     ``softmax_lse_flag`` whose :func:`~gptoss_patch.kernels.attention.sink_rescale_` follows outside the group),
     ``graph_task_group_end`` - into the captured output buffer, with a preallocated LSE and a workspace from
     ``_npu_fused_infer_attention_score(_v2)_get_max_workspace`` cached per capture size (and geometry). Padded

@@ -121,11 +121,6 @@ def _warn_unsupported(activation: str) -> None:
 _EXTRAS: contextvars.ContextVar[MoEExtras | None] = contextvars.ContextVar("gptoss_patch_moe_extras", default=None)
 
 
-def current_extras() -> MoEExtras | None:
-    """The :class:`MoEExtras` in force for the MoE call running in this context (``None`` outside one)."""
-    return _EXTRAS.get()
-
-
 @contextlib.contextmanager
 def _scope(extras: MoEExtras) -> Iterator[None]:
     token = _EXTRAS.set(extras)

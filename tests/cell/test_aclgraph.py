@@ -432,10 +432,15 @@ def test_out_variant_equals_eager_kernel_on_padded_batch(path, window):
         ws = kernels.max_workspace(path, q, case.key_cache, case.value_cache, block_table=meta.block_tables,
                                    query_cu_lens=qc, kv_lens=kv, num_heads=N, num_kv_heads=KVN, scale=SCALE,
                                    sinks=sinks, sliding_window=window)
-        ret = kernels.sink_window_attention_out(q, case.key_cache, case.value_cache, block_table=meta.block_tables,
-                                                query_cu_lens=qc, kv_lens=kv, num_heads=N, num_kv_heads=KVN,
-                                                scale=SCALE, sinks=sinks, sliding_window=window, out=out,
-                                                softmax_lse=lse, workspace=ws)
+        # the launch capture_decode makes (and every update re-issues): paged views, fia_kwargs, one .out launch,
+        # the rescale after the group on the lse path
+        key, value, block_size = kernels.paged_views(case.key_cache, case.value_cache)
+        launch = kernels.fia_kwargs(path, block_table=meta.block_tables, block_size=block_size, query_cu_lens=qc,
+                                    kv_lens=kv, num_heads=N, num_kv_heads=KVN, scale=SCALE, sinks=sinks,
+                                    sliding_window=window, mask=kernels.causal_template(torch.int8, q.device))
+        ret = kernels.relaunch_out(path, launch, q, key, value, out=out, softmax_lse=lse, workspace=ws)
+        if path == "lse":
+            kernels.sink_rescale_(out, lse, sinks)
     assert ret is out
     assert torch.equal(out, eager)  # same launch: identical, padding rows included
     assert torch.equal(out[3:], torch.zeros(5, N, D))  # padding rows: KV length 0 -> zero rows
