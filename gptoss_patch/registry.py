@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import sys
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
@@ -237,8 +238,14 @@ class Registry:
         except Exception as exc:  # noqa: BLE001 - record, never half-apply
             st.state, st.reason = FAILED, f"could not set {st.target}: {exc}"
             return
-        self._applied[spec.name] = _Applied(parent, attribute, original, wrapper)
+        applied = self._applied[spec.name] = _Applied(parent, attribute, original, wrapper)
         st.state, st.reason = APPLIED, spec.summary or "applied"
+        # a by-value importer whose post-import hook already ran (imported before activation: its hook fired when it
+        # was registered, possibly before this one) is rebound now; one still importing is rebound by its own hook
+        for key in spec.rebind_keys:
+            importer = sys.modules.get(self.layout.get(key) or "")
+            if importer is not None:
+                self._rebind(spec, applied, importer)
 
     def _rebind(self, spec: PatchSpec, applied: _Applied, module: Any) -> None:
         for key in spec.rebind_keys:
