@@ -844,16 +844,9 @@ def runner_child():
     from conftest import run_python
 
     code = textwrap.dedent("""
-        import json, sys, types
-        numba = types.ModuleType("numba")  # vLLM's n-gram proposer imports it; not installed in the cell venv
-        numba.jit = numba.njit = lambda *a, **k: (a[0] if a and callable(a[0]) else (lambda f: f))
-        numba.prange, numba.get_num_threads, numba.set_num_threads = range, (lambda: 1), (lambda n: None)
-        sys.modules["numba"] = numba
-        # model_runner_v1 imports vllm-ascend's worker patch package, whose vision-model patches need torchvision in
-        # 0.12.0rc1 / 0.13.0 (absent beside the cell's CPU torch): import the package as vllm_setup does, skipping
-        # only those statements
+        import json
         from gptoss_patch.testing import vllm_setup
-        vllm_setup._adapt_worker_patches()
+        vllm_setup.importable_model_runner()  # numba stub, worker patches without torchvision
         import vllm_ascend.worker.model_runner_v1 as mr
         import vllm_ascend.spec_decode.eagle_proposer
         import gptoss_patch
