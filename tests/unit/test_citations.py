@@ -102,3 +102,13 @@ def test_the_check_itself(tmp_path, text, expected):
     f = tmp_path / "x.py"
     f.write_text(text + "\n", encoding="utf-8")
     assert cited_problems([f], root=tmp_path) == expected
+
+
+def test_readme_layout_has_one_line_per_module():
+    """Every module of the package has its own row in the README's layout table, and every row names a real path."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    layout = text[text.index("Layout (one line per module"):]
+    rows = re.findall(r"^\| `([^`]+)` \|", layout, re.M)
+    modules = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "gptoss_patch").rglob("*.py"))
+    assert sorted(r for r in rows if r.startswith("gptoss_patch/")) == modules
+    assert len(rows) == len(set(rows)) and all((ROOT / r).exists() for r in rows)
