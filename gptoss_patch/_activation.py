@@ -160,7 +160,8 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
         force: apply even when the matrix refuses; default reads ``GPTOSS_PATCH_FORCE``.
 
     Returns:
-        The :class:`gptoss_patch.registry.Status` after activation.
+        The :class:`gptoss_patch.registry.Status` after activation, without drift verdicts (activation runs in every
+        worker; :func:`status` computes them when asked).
 
     Never raises for bad configuration: a malformed ``GPTOSS_PATCH_DISABLE``/``GPTOSS_PATCH_FORCE`` gives a
     *refuse* decision naming the variable, with the GPT-OSS guard armed.
@@ -178,7 +179,7 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
         _state.sources.append(source)
         first = _state.decision is None
         if first:
-            if decided is None:  # only when another thread decided between our check and the lock, then reset
+            if decided is None:  # defensive: the state was set when we looked and is unset now
                 decided = _decide(force)
             _state.versions, _state.decision = decided
             _registering = threading.get_ident()
@@ -192,7 +193,7 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
     if not first:
         if _registering != threading.get_ident():  # the deciding call may still be registering its hooks
             _hooks_registered.wait()
-        return status()
+        return status(drift=False)
     import wrapt
 
     try:
@@ -200,7 +201,7 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
             wrapt.register_post_import_hook(functools.partial(_hook, registry), module)
     finally:
         _hooks_registered.set()
-    return status()
+    return status(drift=False)
 
 
 def _arm_guard() -> list[tuple[Registry, str]]:

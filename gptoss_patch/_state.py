@@ -25,12 +25,14 @@ registry: Registry | None = None
 guard: Registry | None = None
 
 
-def status() -> Status:
+def status(drift: bool = True) -> Status:
     """Current :class:`gptoss_patch.registry.Status` of this process (no side effects).
 
-    Before activation it reads the installed versions, without :data:`lock`. Applied patches carry their drift
-    verdict (:func:`gptoss_patch.drift.describe`: the installed target's fingerprint against the releases), computed
-    here - when asked - and not when the patch was applied.
+    Before activation it reads the installed versions, without :data:`lock`. With ``drift`` (the default, what
+    ``gptoss_patch.status()`` and ``verify`` ask), applied patches carry their drift verdict
+    (:func:`gptoss_patch.drift.describe`: the installed target's fingerprint against the releases, read and hashed
+    once per process); the callers on a worker's path (``activate()``, the guard, the ACL-graph capture) pass
+    ``drift=False`` and leave ``fingerprint`` / ``drift`` None.
     """
     if decision is None:
         found = environment.installed_versions()
@@ -42,12 +44,12 @@ def status() -> Status:
         patches = [PatchState(**vars(s)) for s in registry.states.values()] if registry else []
         dec, ver, srcs = decision, versions, list(sources)
         guard_state = guard.states.get("guard.gpt_oss_model") if guard else None
-    if any(p.state == APPLIED for p in patches):
-        from gptoss_patch import drift
+    if drift and any(p.state == APPLIED for p in patches):
+        from gptoss_patch import drift as drifts
 
         for p in patches:
             if p.state == APPLIED:
-                p.fingerprint, p.drift = drift.describe(p.target)
+                p.fingerprint, p.drift = drifts.describe(p.target)
     details = {"guard": f"{guard_state.state}: {guard_state.reason}" if guard_state else "not armed"}
     kernels = sys.modules.get("gptoss_patch.kernels.attention")
     if kernels is not None and kernels.path_description():

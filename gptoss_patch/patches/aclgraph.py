@@ -222,7 +222,7 @@ def _active_layout() -> str | None:
     """The module-layout family (``gptoss_patch.matrix.LAYOUTS`` key) of the release gptoss-patch applied to."""
     from gptoss_patch._state import status
 
-    return status().layout  # None unless the decision is apply
+    return status(drift=False).layout  # None unless the decision is apply
 
 
 def _live_attribute(target: str) -> tuple[Any, str, Any] | None:

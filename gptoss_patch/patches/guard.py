@@ -303,7 +303,11 @@ def _guard_init(wrapped, instance, args, kwargs):
     build. If the build itself fails on an unpatched stack (vLLM >= 0.12 passes YaRN ``truncate=``, which vllm-ascend
     < 0.15 rejects with ``TypeError``), the guard's error is raised instead, chained to the original one.
     """
-    from gptoss_patch._state import status as current_status
+    from functools import partial
+
+    from gptoss_patch._state import status
+
+    current_status = partial(status, drift=False)  # the states only: no fingerprinting in every worker
 
     vllm_config = kwargs.get("vllm_config", args[0] if args else None)
     check_capabilities(current_status(), vllm_config)
