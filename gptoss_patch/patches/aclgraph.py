@@ -52,7 +52,7 @@ Upstream releases
       ``AscendAttentionBackendImpl.update_graph_params(update_stream, forward_context, num_tokens, vllm_config,
       speculative_config=None, num_dcp_pcp_tokens=None)``, which is wrapped (looked up on the class at every call,
       nothing to rebind). Upstream pairs ``attn_metadata`` keys and records by position; 0.14 also gives GPT-OSS's
-      sliding layers their own KV-cache group (``SlidingWindowSpec``, §5.5), so per-layer metadata differ between
+      sliding layers their own KV-cache group (``SlidingWindowSpec``, docs/upstream.md §8.4), so per-layer metadata differ between
       groups - pairing by layer name is what keeps each record on its own layer's lengths.
 
     From 0.12.0rc1 on the forward patch sits on ``forward_impl``, which has no ``layer`` argument: the layer name is

@@ -21,7 +21,7 @@ How
 Upstream releases
     vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (vLLM 0.11.0 ... 0.14.1). 0.15.0rc1 accepts ``truncate`` but documents that the
     real
-    truncate behaviour is "currently not supported" (docs/upstream.md §3).
+    truncate behaviour is "currently not supported" (docs/upstream.md §4.9: an out-of-date comment).
 Remove when
     vllm-ascend's YaRN class honours ``truncate`` and the oldest supported release has it.
 """

@@ -2,7 +2,7 @@
 
 Every expected value here comes from code in this file: a naive per-query, per-head float64 attention
 (``ref_attention``) whose allowed-key predicates are written straight from docs/operators.md §3.3, §3.7, paged caches
-filled and read with explicit per-position loops (§1.4), and - for the sink and sliding-window math - Hugging
+filled and read with explicit per-position loops (docs/operators.md §3.7), and - for the sink and sliding-window math - Hugging
 Face transformers' GPT-OSS ``eager_attention_forward`` with a mask built from transformers' own
 ``causal_mask_function`` / ``sliding_window_overlay``. Nothing is computed by the code under test.
 """

@@ -1,6 +1,6 @@
 """Simulated NPU graph API: ``torch.npu.NPUGraph``, ``torch.npu.graph``, task groups, ``ExternalEvent``.
 
-Sources (tags of ``docs/operators.md`` §1/§7):
+Sources (tags of ``docs/operators.md`` §1, §6):
 
 * PT-graphs - Ascend/pytorch ``torch_npu/npu/graphs.py``: ``NPUGraph`` (``capture_begin(pool=None,
   capture_error_mode="global")``, ``capture_end``, ``replay``, ``reset``, ``pool``), the ``graph`` context manager

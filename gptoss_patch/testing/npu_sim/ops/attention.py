@@ -9,7 +9,7 @@ The family
       capture and a ``_..._get_max_workspace`` helper. One operator dispatches to two CANN kernels: the
       *decode* kernel (IFA) when the layout is not TND and the query has one token per batch, else the
       *prefill* kernel (PFA); TND always runs the prefill kernel (docs/operators.md §3.2; OTX-fiat ``IsUsingIFA``).
-      The kernel matters for masking: PFA obeys ``sparse_mode`` (geometry of §2.4), IFA ignores it but
+      The kernel matters for masking: PFA obeys ``sparse_mode`` (geometry of docs/operators.md §3.3), IFA ignores it but
       turns ``pre_tokens`` into a sliding window for BSH + paged KV (OTX-ifa ``slidingFlag_``).
     * **ATB** - ``_npu_flash_attention`` (packed prefill, explicit mask), ``_npu_flash_attention_qlens``
       (prefill over a paged prefix), ``_npu_paged_attention`` (+ ``_get_workspace``, decode) and
@@ -17,7 +17,7 @@ The family
       their ``out``/cache arguments (OPC-atb schemas).
 
 Reference computation (docs/operators.md §3.1, §3.5), per batch ``b``, query head ``n``, KV head
-``g = n // (Q_N / KV_N)`` (§1.2), allowed key set ``A(i)`` from the masking rules::
+``g = n // (Q_N / KV_N)`` (docs/operators.md §3.1), allowed key set ``A(i)`` from the masking rules::
 
     s[i, j] = scale * <q[i, n], k[j, g]>                          (float32)
     m_i     = max_{j in A(i)} s[i, j]
@@ -25,7 +25,7 @@ Reference computation (docs/operators.md §3.1, §3.5), per batch ``b``, query h
     out[i]  = sum_{j in A(i)} exp(s[i, j] - m_i) v[j, g] / (Z_i + [sink] exp(sink[n] - m_i))
     lse[i]  = m_i + ln Z_i
 
-Everything is computed in float32 and the output is cast to the query dtype (§1.7). Rows with no allowed
+Everything is computed in float32 and the output is cast to the query dtype (docs/operators.md §2). Rows with no allowed
 key (including KV length 0) are 0, their LSE is ``+inf``.
 
 Choices where the sources are silent or the simulator deliberately differs (each also stated where it applies):
@@ -905,23 +905,23 @@ def npu_fused_infer_attention_score(query, key, value, **kwargs):
 
     * ``TND``: query ``(T, N, D)``; key/value ``(T_kv, KV_N, D|Dv)`` or a paged cache; out ``(T, N, Dv)``.
       ``actual_seq_lengths`` is cumulative (``T`` must equal its last element); ``actual_seq_lengths_kv``
-      is cumulative without ``block_table`` (``T_kv`` = its last element) and per-sequence with it (§1.3).
+      is cumulative without ``block_table`` (``T_kv`` = its last element) and per-sequence with it (docs/operators.md §3.7).
     * ``BSH`` ``(B, S, N*D)``, ``BSND`` ``(B, S, N, D)``, ``BNSD`` ``(B, N, S, D)``, ``BNSD_BSND``
       (BNSD in, BSND out, Q_S > 1): lengths per batch (one entry broadcasts, longer lists are truncated).
     * Paged KV (``block_table`` int32 ``(B, >= max_blocks)``, ``block_size``): cache
       ``(num_blocks, block_size, KV_N*D)`` for every layout, or ``(num_blocks, KV_N, block_size, D)`` for
       BNSD/TND; logical position ``p`` of batch ``b`` is ``cache[block_table[b, p // block_size], p % block_size]``
-      (§1.4). ``input_layout`` of key/value is then ignored.
+      (docs/operators.md §3.7). ``input_layout`` of key/value is then ignored.
     * ``softmax_lse``: float32 ``(T, N, 1)`` for TND or ``(B, N, S, 1)`` when ``softmax_lse_flag``; else a
       float32 ``(1,)`` zero tensor (OPD-fia return values).
 
-    Semantics: TND, or Q_S > 1, runs the prefill kernel with the ``sparse_mode`` geometry of §2.4 (0: all keys,
+    Semantics: TND, or Q_S > 1, runs the prefill kernel with the ``sparse_mode`` geometry of docs/operators.md §3.3 (0: all keys,
     or mask + top-left ``i-pre <= j <= i+next``; 1: full mask; 2: ``j <= i``; 3: ``j <= i + Skv - Sq``;
     4: ``i + off - pre <= j <= i + off + next`` with ``off = Skv - Sq``, so ``pre_tokens=128`` admits 129
     keys); Q_S = 1 in BSH/BSND/BNSD runs the decode kernel, which ignores ``sparse_mode`` and, for BSH + paged
     3-D cache + ``pre_tokens > 0``, keeps only the last ``pre_tokens`` keys (OTX-ifa ``slidingFlag_``,
-    ``startPosition = curActualSeqLen - windowSize``). GQA: head ``n`` uses KV head ``n // (N/KV_N)`` (§1.2).
-    Computed in float32, returned in the query dtype; KV length 0 or no allowed key -> zero row (§1.3, §2.4).
+    ``startPosition = curActualSeqLen - windowSize``). GQA: head ``n`` uses KV head ``n // (N/KV_N)`` (docs/operators.md §3.1).
+    Computed in float32, returned in the query dtype; KV length 0 or no allowed key -> zero row (docs/operators.md §3.3, §3.7).
 
     Dtypes: query/key/value float16 or bfloat16, all equal (float32 accepted as a simulator extension, see
     :data:`ACCEPT_FLOAT32`); ``atten_mask`` bool/int8/uint8 (1 = masked).
