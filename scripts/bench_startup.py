@@ -13,7 +13,7 @@ Where the instructions go (CPython 3.11.7, bare venv, ``python -c pass`` = 35.5 
 ``.pth`` line; repeatable to ~0.05 M): any ``.pth`` file (``import sys``) +0.2 M; an ``exec`` of a string in it
 (the ``try`` that keeps an orphaned ``.pth`` silent) +0.3-0.6 M, the parser's cost; the first path-based import at
 ``.pth`` time (the path finders for the stdlib directories and site-packages: an import of a missing name alone costs
-+0.8 M); ``gptoss_patch/__init__`` +0.1 M; ``_bootstrap`` (a finder for the package directory, its ``.pyc``, three
++0.8 M); the package ``__init__`` +0.1 M; ``_bootstrap`` (a finder for the package directory, its ``.pyc``, three
 classes) +1.1 M; ``install()`` (a Python finder in ``sys.meta_path``) +0.6 M. A one-line ``.pth`` that installs any
 Python-level finder without importing anything (a module object with a ``lambda``) already measures +1.0 M, mostly
 the parse of the line: the 0.4 M goal is below what a Python finder installed by a ``.pth`` costs here. Docstrings
