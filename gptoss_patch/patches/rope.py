@@ -19,11 +19,11 @@ How
     in every release up to 0.14.0rc1. From 0.13.0rc1 the Ascend ``__init__`` also records the first rope's cache
     in the module global ``_cos_sin_cache``; the wrapper re-points it at the recomputed cache.
 Upstream releases
-    vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (vLLM 0.11.0 ... 0.14.1). 0.15.0rc1 accepts ``truncate`` but documents that the
-    real
-    truncate behaviour is "currently not supported" (docs/upstream.md §4.9: an out-of-date comment).
+    vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (vLLM 0.11.0 ... 0.14.1). 0.15.0rc1 accepts ``truncate`` and hands it to
+    vLLM's YaRN, which honours it (its comment "current not support actual truncate" is out of date:
+    docs/upstream.md §4.9).
 Remove when
-    vllm-ascend's YaRN class honours ``truncate`` and the oldest supported release has it.
+    the oldest supported release is 0.15.0rc1 (its YaRN class honours ``truncate``).
 """
 
 from __future__ import annotations
