@@ -36,7 +36,8 @@ nox.options.default_venv_backend = "none"
 
 CACHE = Path(os.environ.get("GPTOSS_PATCH_VENV_CACHE", Path.home() / ".cache" / "gptoss-patch" / "venvs"))
 
-#: The CPU build of torch that lies on this machine kind's disk (see DEVELOPERS.md).
+#: The CPU build of torch that lies on this machine kind's disk (found through pip's find-links, read at run time by
+#: :func:`uv_env`; README "For contributors").
 TORCH = "torch==2.13.0"
 
 #: What the tests themselves need.
@@ -48,7 +49,7 @@ TEST_DEPS = ["pytest>=8,<9.2", "hypothesis>=6.100", "pytest-benchmark>=4", "pyte
 #: Reference and checkpoint tooling (transformers is the numerical oracle).
 REFERENCE_DEPS = ["safetensors", "openai-harmony", "tiktoken", "quicktok-v1"]
 
-#: Packages vLLM 0.11.0 and vllm-ascend 0.11.0 import (shared/reference/simulator_notes.md, checked by
+#: Packages vLLM 0.11.0 and vllm-ascend 0.11.0 import (``docs/simulator.md`` §6, checked by
 #: importing every patched module in the cell).
 VLLM_011_IMPORT_DEPS = [
     "regex", "cachetools", "psutil", "sentencepiece", "numpy<2", "requests", "tqdm", "blake3", "py-cpuinfo",
@@ -58,9 +59,9 @@ VLLM_011_IMPORT_DEPS = [
     "diskcache", "lark", "watchfiles", "python-json-logger", "scipy", "decorator", "pyyaml",
 ]
 
-#: Packages vLLM 0.15.0 and vllm-ascend 0.15.0rc1 import (shared/reference/simulator_notes.md: the 0.11 list with
+#: Packages vLLM 0.15.0 and vllm-ascend 0.15.0rc1 import (``docs/simulator.md`` §6: the 0.11 list with
 #: newer transformers/pydantic/compressed-tensors plus ijson, anthropic, model-hosting-container-standards, mcp;
-#: checked by running tests/cell/native_015 in a venv built from exactly these lists). Added to the notes' list:
+#: checked by running tests/cell/native_015 in a venv built from exactly these lists). Added to that list:
 #: llguidance and mistral_common (imported by vllm.v1.structured_output once vllm-ascend's worker patches import
 #: vllm.v1.worker.utils; pins from vllm 0.15.0's METADATA). xgrammar (same import chain) goes in ``no_deps``: its
 #: wheel requires triton, which would make vLLM's HAS_TRITON true and switch vllm-ascend onto Triton code paths.

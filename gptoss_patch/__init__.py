@@ -5,7 +5,8 @@ Public API (all thread-safe):
 * :func:`activate` - decide from the installed versions (see :mod:`gptoss_patch.matrix`) and, on
   *apply*, register the import-time patches. Idempotent. Called automatically by the ``.pth``
   start-up hook on the first ``import vllm_ascend`` and by the ``vllm.general_plugins`` entry point.
-* :func:`deactivate` - remove every applied patch (restores the original objects).
+* :func:`deactivate` - remove every applied patch (restores the original objects). One-way for the process: a
+  later :func:`activate` re-applies nothing, and the GPT-OSS guard stays armed.
 * :func:`status` - a :class:`gptoss_patch.registry.Status` record: decision, reason, versions,
   and per patch its target, state and reason.
 
@@ -33,14 +34,14 @@ def activate(source="api", force=None):
 
 
 def deactivate():
-    """Remove all applied patches. See :func:`gptoss_patch._activation.deactivate`."""
+    """Remove all applied patches, for good in this process. See :func:`gptoss_patch._activation.deactivate`."""
     from gptoss_patch import _activation
 
     return _activation.deactivate()
 
 
 def status():
-    """Return the current :class:`gptoss_patch.registry.Status`. See :func:`gptoss_patch._activation.status`."""
-    from gptoss_patch import _activation
+    """Return the current :class:`gptoss_patch.registry.Status`. See :func:`gptoss_patch._state.status`."""
+    from gptoss_patch import _state
 
-    return _activation.status()
+    return _state.status()

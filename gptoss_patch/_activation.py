@@ -9,21 +9,14 @@ the state (and the already-wrapped objects); a spawned child starts again from t
 from __future__ import annotations
 
 import functools
-import os
 import sys
 import threading
 
-from gptoss_patch import environment, evidence, matrix
-from gptoss_patch.registry import PatchState, Registry, Status, static_check
+from gptoss_patch import _state, config, environment, evidence, matrix
+from gptoss_patch._state import status  # noqa: F401 - the public status(), re-exported
+from gptoss_patch.registry import Registry, Status, static_check
 
-_lock = threading.RLock()
-_sources: list[str] = []
-_decision: matrix.Decision | None = None
-_versions: environment.Versions | None = None
-_registry: Registry | None = None
-_guard: Registry | None = None
-_checkpoint: Registry | None = None  # the MXFP4 checkpoint patches (gptoss_patch.patches.mxfp4), when the row has them
-_hooked: set[str] = set()
+_lock = _state.lock
 #: Set once the deciding activate() has registered its post-import hooks (after releasing _lock); a later caller
 #: waits for it, so no caller goes on to import vllm-ascend before the hooks are in place.
 _hooks_registered = threading.Event()
@@ -32,15 +25,6 @@ _registering: int | None = None
 
 #: Decision recorded when GPTOSS_PATCH_DISABLE=1: nothing is patched, the guard stays armed.
 DISABLED = "disabled"
-
-
-def _env_flag(name: str) -> bool:
-    raw = os.environ.get(name, "").strip().lower()
-    if raw in ("1", "true", "yes", "on"):
-        return True
-    if raw in ("", "0", "false", "no", "off"):
-        return False
-    raise ValueError(f"{name}={os.environ.get(name)!r} is not a boolean; use 1 or 0")
 
 
 def _structural_check(row: matrix.Row, installed_vllm: str | None = None) -> list[str]:
@@ -90,15 +74,14 @@ def _decide(force: bool | None) -> tuple[environment.Versions, matrix.Decision]:
 
     import wrapt  # noqa: F401
 
-    from gptoss_patch import drift  # noqa: F401 - Registry.on_import
     from gptoss_patch.patches import all_specs, guard, mxfp4  # noqa: F401
 
     all_specs()  # imports the capability modules layout_plan() reads
     versions = environment.installed_versions()
     try:
-        disabled = _env_flag("GPTOSS_PATCH_DISABLE")
+        disabled = config.flag(config.DISABLE)
         if force is None:
-            force = _env_flag("GPTOSS_PATCH_FORCE")
+            force = config.flag(config.FORCE)
     except ValueError as exc:  # fail closed: a typo must not leave GPT-OSS unpatched *and* unguarded
         return versions, matrix.Decision(matrix.REFUSE, f"configuration error: {exc}; nothing is patched")
     if disabled:
@@ -177,7 +160,8 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
         force: apply even when the matrix refuses; default reads ``GPTOSS_PATCH_FORCE``.
 
     Returns:
-        The :class:`gptoss_patch.registry.Status` after activation.
+        The :class:`gptoss_patch.registry.Status` after activation, without drift verdicts (activation runs in every
+        worker; :func:`status` computes them when asked).
 
     Never raises for bad configuration: a malformed ``GPTOSS_PATCH_DISABLE``/``GPTOSS_PATCH_FORCE`` gives a
     *refuse* decision naming the variable, with the GPT-OSS guard armed.
@@ -188,30 +172,30 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
     that holds an import lock and waits for :data:`_lock` therefore cannot deadlock with the holder of
     :data:`_lock` (issue 17).
     """
-    global _decision, _versions, _registering
-    decided = _decide(force) if _decision is None else None
+    global _registering
+    decided = _decide(force) if _state.decision is None else None
     hooks: list[tuple[Registry, str]] = []
     with _lock:
-        _sources.append(source)
-        first = _decision is None
+        _state.sources.append(source)
+        first = _state.decision is None
         if first:
-            if decided is None:  # only after _reset_for_tests() raced with this call
+            if decided is None:  # defensive: the state was set when we looked and is unset now
                 decided = _decide(force)
-            _versions, _decision = decided
+            _state.versions, _state.decision = decided
             _registering = threading.get_ident()
-            if _decision.forced:
-                sys.stderr.write(f"gptoss-patch: WARNING: {_decision.reason}\n")
-            if _decision.verdict == matrix.APPLY and _decision.row is not None:
-                hooks += _register(_decision.row)
-            if _decision.verdict in (matrix.APPLY, matrix.STAND_DOWN) and _decision.row is not None:
-                hooks += _register_checkpoint(_decision.row)
-            if _versions.vllm_ascend is not None:
+            if _state.decision.forced:
+                sys.stderr.write(f"gptoss-patch: WARNING: {_state.decision.reason}\n")
+            if _state.decision.verdict == matrix.APPLY and _state.decision.row is not None:
+                hooks += _register(_state.decision.row)
+            if _state.decision.verdict in (matrix.APPLY, matrix.STAND_DOWN) and _state.decision.row is not None:
+                hooks += _register_checkpoint(_state.decision.row)
+            if _state.versions.vllm_ascend is not None:
                 hooks += _arm_guard()  # also on stand-down: it refuses the row's refused capabilities at model build
-            evidence.activation(source, _decision)
+            evidence.activation(source, _state.decision)
     if not first:
         if _registering != threading.get_ident():  # the deciding call may still be registering its hooks
             _hooks_registered.wait()
-        return status()
+        return status(drift=False)
     import wrapt
 
     try:
@@ -219,59 +203,45 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
             wrapt.register_post_import_hook(functools.partial(_hook, registry), module)
     finally:
         _hooks_registered.set()
-    return status()
+    return status(drift=False)
 
 
 def _arm_guard() -> list[tuple[Registry, str]]:
-    """Create the GPT-OSS model guard's registry (see :mod:`gptoss_patch.patches.guard`); returns its hook to
+    """Create the GPT-OSS model guard's registry (:data:`gptoss_patch.patches.guard.PATCHES`); returns its hook to
     register (registry, module)."""
-    global _guard
     from gptoss_patch.patches import guard
-    from gptoss_patch.registry import PatchSpec
 
-    spec = PatchSpec("guard.gpt_oss_model", "guard", guard._guard_init, params=("vllm_config",),
-                     summary="building GptOssForCausalLM checks that every GPT-OSS patch is applied")
-    _guard = Registry([spec], {"guard": guard.TARGET})
-    _hooked.add(guard.TARGET_MODULE)
-    return [(_guard, guard.TARGET_MODULE)]
+    _state.guard = Registry(guard.PATCHES, {"guard": guard.TARGET})
+    return [(_state.guard, guard.TARGET_MODULE)]
 
 
 def _register_checkpoint(row: matrix.Row) -> list[tuple[Registry, str]]:
     """The MXFP4 checkpoint patches (vLLM-side, :data:`gptoss_patch.matrix.MXFP4_TARGETS`) when ``row``'s
     ``checkpoint_mxfp4`` capability is *patched*, on apply and stand-down rows alike; returns their hooks."""
-    global _checkpoint
     from gptoss_patch.patches import mxfp4
 
     cap = row.caps.get("checkpoint_mxfp4")
     if cap is None or cap.state != matrix.PATCHED:
         return []
-    _checkpoint = Registry(list(mxfp4.PATCHES), dict(matrix.MXFP4_TARGETS))
-    hooks = []
-    for module in _checkpoint.target_modules():
-        _hooked.add(module)
-        hooks.append((_checkpoint, module))
-    return hooks
+    registry = Registry(list(mxfp4.PATCHES), dict(matrix.MXFP4_TARGETS))
+    _state.checkpoint = registry
+    return [(registry, module) for module in registry.target_modules()]
 
 
 def checkpoint_patch_states() -> dict[str, str]:
     """The MXFP4 checkpoint patches of this process: ``{name: "state: reason"}`` (empty when the row has none)."""
     with _lock:
-        reg = _checkpoint
+        reg = _state.checkpoint
     return {name: f"{st.state}: {st.reason}" for name, st in reg.states.items()} if reg is not None else {}
 
 
 def _register(row: matrix.Row) -> list[tuple[Registry, str]]:
     """Create the registry of ``row``'s layout; returns the post-import hooks to register (registry, module)."""
-    global _registry
     from gptoss_patch.patches import layout_plan
 
-    _registry = Registry([spec for spec, _ in layout_plan(row.layout)], matrix.LAYOUTS[row.layout or ""])
-    registry = _registry
-    hooks = []
-    for module in registry.target_modules():
-        _hooked.add(module)
-        hooks.append((registry, module))
-    return hooks
+    registry = Registry([spec for spec, _ in layout_plan(row.layout)], matrix.LAYOUTS[row.layout or ""])
+    _state.registry = registry
+    return [(registry, module) for module in registry.target_modules()]
 
 
 def _hook(registry: Registry, module) -> None:
@@ -287,65 +257,14 @@ def _hook(registry: Registry, module) -> None:
 def deactivate() -> Status:
     """Remove every applied patch (originals restored, by-value names rebound back). Returns the status.
 
-    The GPT-OSS guard stays armed: after this, building a GPT-OSS model raises ``GptOssNotPatchedError``.
+    One-way for the process: the decision stays and a later :func:`activate` does not re-apply (it only records its
+    source), because the post-import hooks cannot be unregistered from wrapt and the modules are already imported.
+    The GPT-OSS guard stays armed, so building a GPT-OSS model after this raises ``GptOssNotPatchedError`` instead of
+    serving unpatched upstream code.
     """
     with _lock:
-        if _checkpoint is not None:
-            _checkpoint.remove_all()
-        if _registry is not None:
-            _registry.remove_all()  # the guard stays: GPT-OSS built now would meet unpatched upstream code
-        return status()
-
-
-def status() -> Status:
-    """Current :class:`gptoss_patch.registry.Status` of this process (no side effects).
-
-    Before activation it reads the installed versions, without :data:`_lock` (see :func:`activate`).
-    """
-    versions = environment.installed_versions() if _decision is None else None
-    with _lock:
-        if _decision is None:
-            if versions is None:  # only after _reset_for_tests() raced with this call
-                versions = environment.installed_versions()
-            return Status(False, [], None, "not activated in this process (vllm_ascend has not been imported)",
-                          None, False, versions.as_dict(), [])
-        patches = [PatchState(**vars(s)) for s in _registry.states.values()] if _registry else []
-        details = {}
-        guard = _guard.states.get("guard.gpt_oss_model") if _guard else None
-        details["guard"] = f"{guard.state}: {guard.reason}" if guard else "not armed"
-        if _checkpoint is not None:
-            details["checkpoint_mxfp4"] = {name: f"{st.state}: {st.reason}" for name, st in _checkpoint.states.items()}
-        kernels = sys.modules.get("gptoss_patch.kernels.attention")
-        if kernels is not None and kernels.path_description():
-            details["attention_path"] = kernels.path_description()
-        return Status(
-            activated=True,
-            sources=list(_sources),
-            decision=_decision.verdict,
-            reason=_decision.reason,
-            row=_decision.row.vllm_ascend if _decision.row else None,
-            forced=_decision.forced,
-            versions=_versions.as_dict() if _versions else {},
-            patches=patches,
-            gaps=list(_decision.gaps),
-            layout=_decision.row.layout if _decision.row and _decision.verdict == matrix.APPLY else None,
-            capabilities={name: {"state": cap.state, "note": cap.note}
-                          for name, cap in (_decision.row.caps.items() if _decision.row else ())},
-            details=details,
-        )
-
-
-def _reset_for_tests() -> None:
-    """Forget the decision (patches are removed first). For unit tests only."""
-    global _decision, _versions, _registry, _guard, _registering, _checkpoint
-    with _lock:
-        if _checkpoint is not None:
-            _checkpoint.remove_all()
-        if _registry is not None:
-            _registry.remove_all()
-        if _guard is not None:
-            _guard.remove_all()
-        _decision = _versions = _registry = _guard = _checkpoint = None
-        _sources.clear()
-        _hooks_registered.clear()
-        _registering = None
+        if _state.checkpoint is not None:
+            _state.checkpoint.remove_all()
+        if _state.registry is not None:
+            _state.registry.remove_all()
+    return status()

@@ -25,15 +25,12 @@ Environment variables (read once, at start-up):
     ``1``: make ``torch_npu`` and ``torchair`` resolve to the CPU NPU simulator
     (:mod:`gptoss_patch.testing.npu_sim`) in this interpreter and every child that inherits the
     environment (vLLM inspects models in child interpreters and starts worker processes, so an
-    in-process switch is not enough; see ``shared/reference/simulator_notes.md``). Any other
+    in-process switch is not enough; see ``docs/simulator.md`` §1). Any other
     non-empty value except ``0`` is a configuration error.
 """
 
 import os
 import sys
-
-_TRUE = ("1", "true", "yes", "on")
-_FALSE = ("", "0", "false", "no", "off")
 
 #: Set once the start-up work ran (or was skipped); :func:`install` is idempotent.
 _installed = False
@@ -57,14 +54,13 @@ def _report(exc):
 
 
 def _flag(name):
-    """Parse a boolean environment variable; raises ValueError naming the variable."""
-    raw = os.environ.get(name, "")
-    value = raw.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
+    """A boolean variable (:func:`gptoss_patch.config.flag`; raises ValueError naming it). Unset or empty is False
+    without importing anything: the common case costs one dictionary lookup at start-up."""
+    if not os.environ.get(name):
         return False
-    raise ValueError("%s=%r is not a boolean; use 1 or 0" % (name, raw))
+    from gptoss_patch import config
+
+    return config.flag(name)
 
 
 class _ActivateOnImport:

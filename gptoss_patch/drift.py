@@ -2,9 +2,10 @@
 
 For every release of the version matrix (patched, refused and stand-down rows), ``upstream_fingerprints.json`` (next to this module) holds
 a fingerprint of each patch target: the sha256 of the target's source segment (``ast.get_source_segment`` of its
-``def``/``class``, decorators excluded - the method of ``shared/reference/upstream_fingerprints.json``), computed
-from the released wheel by ``scripts/update_fingerprints.py``. At activation every applied target is
-fingerprinted again from the installed files (:func:`gptoss_patch.registry.fingerprint`) and classified here:
+``def``/``class``, decorators excluded: ``docs/upstream.md`` §6), computed
+from the released wheel by ``scripts/update_fingerprints.py``. When ``status()`` or ``verify`` asks (never on a
+worker's import path: :func:`describe` is called by :func:`gptoss_patch._state.status`), every applied target is
+fingerprinted again from the installed files (:func:`gptoss_patch.fingerprint.fingerprint`) and classified here:
 
 * *tested code*: the fingerprint equals that of a tested release (a nox cell ran the suite against it);
 * *untested code*: it matches no tested release - an edited install, a local build, a release we have not run.
@@ -74,9 +75,9 @@ def fingerprints_in_tree(root: Path, targets: list[str] | None = None) -> dict[s
         targets: ``module:qualname`` strings; a target whose module or def is absent is left out.
 
     Returns:
-        ``{target: sha256 hex}`` (:func:`gptoss_patch.registry.fingerprint_in_file`).
+        ``{target: sha256 hex}`` (:func:`gptoss_patch.fingerprint.fingerprint_in_file`).
     """
-    from gptoss_patch.registry import fingerprint_in_file, split_target
+    from gptoss_patch.fingerprint import fingerprint_in_file, split_target
 
     out = {}
     for target in all_targets() if targets is None else targets:
@@ -123,3 +124,18 @@ def classify(target: str, fingerprint: str | None,
         return Drift(UNTESTED, matches, f"{UNTESTED}: as shipped in {', '.join(matches)}, which no patched cell tests")
     return Drift(UNTESTED, (), f"{UNTESTED}: fingerprint {fingerprint[:12]} matches no release we know "
                                "(edited or local build); applied because the structural check passed")
+
+
+@functools.lru_cache(maxsize=None)
+def describe(target: str) -> tuple[str | None, str | None]:
+    """``(fingerprint, drift text)`` of an installed target, computed once per process (read, hashed, classified).
+
+    For ``status()`` / ``verify``; ``(None, None)`` when it cannot be read (drift is informative only: never raises).
+    """
+    from gptoss_patch.fingerprint import fingerprint
+
+    try:
+        fp = fingerprint(target)
+        return fp, classify(target, fp).text
+    except Exception:  # noqa: BLE001 - a fingerprint is informative only
+        return None, None

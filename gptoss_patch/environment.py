@@ -115,8 +115,10 @@ def installed_versions() -> Versions:
     mod = sys.modules.get("torch_npu")
     if mod is not None and getattr(mod, "__gptoss_simulator__", False):
         sim = True
-    elif os.environ.get("GPTOSS_PATCH_SIMULATE_NPU", "").strip().lower() in ("1", "true", "yes", "on"):
-        sim = True
+    else:
+        from gptoss_patch import config
+
+        sim = config.simulate_npu()
     installed = distribution_version("vllm")
     override = os.environ.get("VLLM_VERSION") or None
     return Versions(

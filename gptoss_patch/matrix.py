@@ -1,7 +1,7 @@
 """The version matrix: one declarative table of upstream releases, and :func:`decide`.
 
 Every fact here was read from the released wheels (``pip download --no-deps vllm-ascend==X``) and
-from ``shared/reference/upstream_targets.md`` §1 (pairing, torch-npu pins, CANN) and §3 (where each
+from ``docs/upstream.md`` §1 (pairing, torch-npu pins, CANN) and §2 (where each
 target lives); a row is ``tested`` only when a ``nox`` cell ``cell-<release>`` runs the suite
 against that release's real wheels.
 
@@ -41,14 +41,14 @@ STAND_DOWN = "stand-down"
 REFUSE = "refuse"
 
 # ---------------------------------------------------------------------------------------------
-# Where each patch target lives, per module-layout family (upstream_targets.md §3).
+# Where each patch target lives, per module-layout family (docs/upstream.md §2).
 # A "target key" names a place our patches hook; the value is "module:qualname".
 # ---------------------------------------------------------------------------------------------
 
 _AA = "vllm_ascend.attention.attention_v1"
 _AG = "vllm_ascend.compilation.acl_graph"
 _MR = "vllm_ascend.worker.model_runner_v1"
-_FM = "vllm_ascend.ops.fused_moe"  # 0.12.0rc1+ (ops/moe -> ops/fused_moe, §3.3)
+_FM = "vllm_ascend.ops.fused_moe"  # 0.12.0rc1+ (ops/moe -> ops/fused_moe, docs/upstream.md §7.4)
 _YARN = "vllm_ascend.ops.rotary_embedding:AscendYaRNRotaryEmbedding.__init__"
 
 #: Targets shared by every layout from 0.12.0rc1 on (vLLM's opaque attention op calls ``impl.forward``, which
@@ -67,7 +67,7 @@ _FROM_012: dict[str, str] = {
 }
 
 LAYOUTS: dict[str, dict[str, str]] = {
-    # B = vllm-ascend 0.11.0rc1, rc2, rc3, 0.11.0 (identical module layout; §3)
+    # B = vllm-ascend 0.11.0rc1, rc2, rc3, 0.11.0 (identical module layout; docs/upstream.md §2)
     "B": {
         "attention_impl_init": f"{_AA}:AscendAttentionBackendImpl.__init__",
         "attention_impl_forward_011": f"{_AA}:AscendAttentionBackendImpl.forward",

@@ -4,14 +4,13 @@ A patch is declared once, in the module of its capability (:mod:`gptoss_patch.pa
 :class:`PatchSpec`: a *target key* (resolved per release by :data:`gptoss_patch.matrix.LAYOUTS`
 to ``module:qualname``), a ``wrapt`` wrapper ``(wrapped, instance, args, kwargs)``, the
 parameters the target must have, and the modules that import the target *by value* (those
-names are rebound too, ``upstream_targets.md`` §3.5).
+names are rebound too, ``docs/upstream.md`` §7.5).
 
 Two structural checks guard every patch:
 
 * :func:`static_check` reads the target's source with :mod:`ast` *without importing it*, so an
   untested build can be judged before vllm-ascend runs (and its fingerprint compared with the
-  tested releases: sha256 of ``ast.get_source_segment`` of the def, the method of
-  ``shared/reference/upstream_fingerprints.json``);
+  tested releases: sha256 of ``ast.get_source_segment`` of the def, ``docs/upstream.md`` §6);
 * :meth:`Registry.apply` re-checks the live object (attribute exists, named parameters present)
   when the post-import hook fires, and applies all or nothing for that patch.
 
@@ -23,14 +22,14 @@ patching (ddtrace ``contrib/*/patch.py``).
 from __future__ import annotations
 
 import ast
-import hashlib
-import importlib.util
 import inspect
-import os
 import sys
 import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
+
+from gptoss_patch.fingerprint import (  # noqa: F401 - re-exported: the structural check's vocabulary
+    _SOURCE_CACHE, _ast_params, _find_def, _parsed, fingerprint, fingerprint_in_file, module_source_path, split_target)
 
 PENDING = "pending"
 APPLIED = "applied"
@@ -88,110 +87,16 @@ class PatchState:
     target: str
     state: str = PENDING
     reason: str = "waiting for the target module to be imported"
-    fingerprint: str | None = None
-    drift: str | None = None  # gptoss_patch.drift: "tested code (...)" / "untested code: ..." once applied
+    fingerprint: str | None = None  # filled by status() for an applied patch (gptoss_patch.drift.describe)
+    drift: str | None = None  # gptoss_patch.drift: "tested code (...)" / "untested code: ..." (status(), lazily)
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def split_target(target: str) -> tuple[str, str]:
-    """Split ``"module:Qual.name"`` into ``("module", "Qual.name")``; ValueError when malformed."""
-    module, sep, qualname = target.partition(":")
-    if not sep or not module or not qualname:
-        raise ValueError(f"patch target {target!r} is not of the form 'package.module:Qualified.name'")
-    return module, qualname
-
-
 # ----------------------------------------------------------------------------------------------
 # Static structure (no import)
 # ----------------------------------------------------------------------------------------------
-
-def module_source_path(module: str) -> str | None:
-    """Path of ``module``'s ``.py`` file, found without importing ``module`` or its parents.
-
-    Only the top-level package's spec is asked for (which does not execute it); the rest of the
-    dotted path is followed on disk. Returns None when not found.
-    """
-    top, _, rest = module.partition(".")
-    try:
-        spec = importlib.util.find_spec(top) if top not in sys.modules else sys.modules[top].__spec__
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    roots = list(spec.submodule_search_locations or [])
-    if not rest:
-        return spec.origin
-    parts = rest.split(".")
-    for root in roots:
-        base = os.path.join(root, *parts)
-        for cand in (base + ".py", os.path.join(base, "__init__.py")):
-            if os.path.isfile(cand):
-                return cand
-    return None
-
-
-def _find_def(tree: ast.AST, qualname: str) -> ast.AST | None:
-    node: ast.AST = tree
-    for part in qualname.split("."):
-        found = None
-        for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and child.name == part:
-                found = child  # last definition wins, as at run time
-            elif isinstance(child, ast.If):  # defs inside module-level if/else
-                for sub in ast.walk(child):
-                    if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and sub.name == part:
-                        found = sub
-        if found is None:
-            return None
-        node = found
-    return node
-
-
-def _ast_params(node: ast.AST) -> tuple[set[str], bool]:
-    args = node.args  # type: ignore[attr-defined]
-    names = {a.arg for a in [*args.posonlyargs, *args.args, *args.kwonlyargs]}
-    if args.vararg:
-        names.add("*" + args.vararg.arg)
-    return names, args.kwarg is not None
-
-
-_SOURCE_CACHE: dict[str, tuple[str, ast.AST]] = {}
-
-
-def _parsed(path: str) -> tuple[str, ast.AST]:
-    hit = _SOURCE_CACHE.get(path)
-    if hit is None:
-        with open(path, encoding="utf-8") as fh:
-            source = fh.read()
-        hit = (source, ast.parse(source, filename=path))
-        _SOURCE_CACHE[path] = hit
-    return hit
-
-
-def fingerprint(target: str) -> str | None:
-    """sha256 of the target's source segment (the method of ``upstream_fingerprints.json``), or None if absent."""
-    module, qualname = split_target(target)
-    path = module_source_path(module)
-    if path is None:
-        return None
-    return fingerprint_in_file(path, qualname)
-
-
-def fingerprint_in_file(path: str | os.PathLike, qualname: str) -> str | None:
-    """sha256 of ``ast.get_source_segment`` of ``qualname``'s def/class in the Python file ``path`` (no import).
-
-    Decorators are excluded (the segment starts at ``def``/``class``), later lines keep their indentation
-    (``shared/reference/upstream_fingerprints.json`` method). None when ``qualname`` is not defined there.
-    """
-    source, tree = _parsed(str(path))
-    node = _find_def(tree, qualname)
-    if node is None:
-        return None
-    segment = ast.get_source_segment(source, node) or ""
-    return hashlib.sha256(segment.encode("utf-8")).hexdigest()
-
 
 def check_params(names: set[str], has_var_kw: bool, spec: PatchSpec) -> list[str]:
     """Problems with a target signature's parameter names against ``spec`` (empty = fine)."""
@@ -352,13 +257,6 @@ class Registry:
         if problems:
             st.state, st.reason = FAILED, "structural check failed: " + "; ".join(problems)
             return
-        try:
-            from gptoss_patch import drift
-
-            st.fingerprint = fingerprint(st.target)
-            st.drift = drift.classify(st.target, st.fingerprint).text
-        except Exception:  # noqa: BLE001 - a fingerprint is informative only
-            st.fingerprint = st.drift = None
         wrapper = _plain_method(original, spec.wrapper) if spec.traced else wrapt.FunctionWrapper(original, spec.wrapper)
         setattr(wrapper, MARKER, spec.name)
         try:
@@ -366,8 +264,14 @@ class Registry:
         except Exception as exc:  # noqa: BLE001 - record, never half-apply
             st.state, st.reason = FAILED, f"could not set {st.target}: {exc}"
             return
-        self._applied[spec.name] = _Applied(parent, attribute, original, wrapper)
+        applied = self._applied[spec.name] = _Applied(parent, attribute, original, wrapper)
         st.state, st.reason = APPLIED, spec.summary or "applied"
+        # a by-value importer whose post-import hook already ran (imported before activation: its hook fired when it
+        # was registered, possibly before this one) is rebound now; one still importing is rebound by its own hook
+        for key in spec.rebind_keys:
+            importer = sys.modules.get(self.layout.get(key) or "")
+            if importer is not None:
+                self._rebind(spec, applied, importer)
 
     def _rebind(self, spec: PatchSpec, applied: _Applied, module: Any) -> None:
         for key in spec.rebind_keys:

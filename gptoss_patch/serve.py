@@ -29,9 +29,9 @@ Sources of the recipe values:
   "cudagraph_capture_sizes": [1024,512,256,128,64,16,4,2,1]}'``. vLLM 0.11.0's flag is
   ``--compilation-config`` (alias ``-O``; ``vllm/engine/arg_utils.py``); its ``FlexibleArgumentParser``
   also accepts the underscore spelling. The seed's ``IGNORE_GRAPH_UPDATE_EXCEPTIONS=0`` is not set:
-  no indexed vllm-ascend source reads it (shared/reference/peers.md B2), it is local to the fork.
+  no released vllm-ascend file (0.11.0rc0 ... 0.30.0rc2) reads it, it is local to the fork.
 * 20b TP=1: the 120b recipe at TP=1 (our choice: the seed author ran ``unsloth/gpt-oss-20b-BF16`` on
-  1 x 910B3 - shared/reference/peers.md B2 - but its launch line is not in our material; 20b BF16 is
+  1 x 910B3 (gitcode Ascend-SACT/GPT-OSS-20B-BF16-based-vllm-ascend) - but its launch line is not in our material; 20b BF16 is
   ~42 GB (20.9 B parameters x 2 bytes), inside one 64 GB 910B3 at 0.95). ``HCCL_INTRA_ROCE_ENABLE``
   is a multi-card setting and is only set for TP > 1.
 * ``--reasoning-parser openai_gptoss`` (``vllm/reasoning/gptoss_reasoning_parser.py``) and

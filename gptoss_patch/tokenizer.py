@@ -374,7 +374,9 @@ _CACHE_LOCK = threading.Lock()
 
 
 def _cache_root() -> Path:
-    return Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR") or Path(tempfile.gettempdir()) / "gptoss_patch-cache")
+    from gptoss_patch import config
+
+    return Path(config.path(config.CACHE_DIR, str(Path(tempfile.gettempdir()) / "gptoss_patch-cache")))
 
 
 def _cached_tokenizer_dir(source=None) -> Path:

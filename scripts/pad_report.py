@@ -8,7 +8,7 @@ the memory the padding adds per rank: MiB over all layers, % of the rank's exper
 Model facts:
 
 * gpt-oss-120b: 36 layers, 128 experts (top-4), hidden 2880, expert intermediate 2880, 64 query / 8 KV heads of 64,
-  vocab 201088 - transformers 4.57.1 ``GptOssConfig`` defaults (upstream_targets.md §8).
+  vocab 201088 - transformers 4.57.1 ``GptOssConfig`` defaults (docs/upstream.md §8.5).
 * gpt-oss-20b: 24 layers, 32 experts (top-4), hidden 2880, intermediate 2880, 64 query / 8 KV heads of 64, vocab
   201088 - NVIDIA Megatron Bridge "GPT OSS" model page (docs.nvidia.com/nemo/megatron-bridge/nightly/models/llm/
   gpt-oss.html: "24 decoder layers, 32 routed experts per layer with top-4 routing, hidden size 2880, FFN hidden size

@@ -4,8 +4,7 @@ For every release of the version matrix (:data:`gptoss_patch.matrix.ROWS`), down
 no cp311 wheel, its sdist) into ``--wheels DIR`` (:func:`gptoss_patch.testing.release_source.release_tree`), read it
 without installing or importing it, and fingerprint every patch target of every layout (:data:`gptoss_patch.matrix.LAYOUTS`; module-only
 keys have no source segment and are skipped; a target absent from a release is left out). The fingerprint is
-:func:`gptoss_patch.registry.fingerprint_in_file`: sha256 of the def's source segment, the method of
-``shared/reference/upstream_fingerprints.json``.
+:func:`gptoss_patch.registry.fingerprint_in_file`: sha256 of the def's source segment (``docs/upstream.md`` §6).
 
 Usage::
 

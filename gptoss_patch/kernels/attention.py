@@ -1,6 +1,6 @@
 """GPT-OSS attention (learned sinks, sliding window) on the fused NPU operators, and its plain-torch math.
 
-Two operator paths compute the same thing (``shared/reference/npu_ops.md`` §2-§3):
+Two operator paths compute the same thing (``docs/operators.md`` §3):
 
 * ``v2``: ``torch_npu.npu_fused_infer_attention_score_v2(..., learnable_sink=sinks)`` - the sink is
   an extra, unscaled logit in every softmax row (OPD-fia2 ``learnable_sink``; OTX-pfa ``Bmm2ResultDiv``),
@@ -15,28 +15,29 @@ layers use the band ``sparse_mode=4`` with ``pre_tokens = sliding_window − 1``
 the band admits ``pre_tokens + 1`` keys ending at the query's own position (OPD-fia ``sparse_mode``
 table; OTX-pfa band offsets), so ``window − 1`` gives exactly the reference model's 128 keys including the
 current one (transformers ``sliding_window_overlay``: ``kv_idx > q_idx − sliding_window``).
-vllm-ascend ≥ 0.15 passes ``pre_tokens = sliding_window`` and admits 129 (npu_ops.md §10.1).
+vllm-ascend ≥ 0.15 passes ``pre_tokens = sliding_window`` and admits 129 (docs/operators.md §3.4).
 
 Modes 3 and 4 take the same compressed 2048×2048 causal template as ``atten_mask`` (the band's
 geometry comes from the mode and pre/next; OPD-fia "Q_S>1" mask constraints, vllm-ascend PR #8387),
 so one mask per (dtype, device) serves every layer and window; it is built once and cached.
 
-ACL graphs (FULL_DECODE_ONLY): :func:`sink_window_attention_out` / :func:`fused_attention_out` are the ``.out``
-forms a captured graph holds - they write into the caller's output, LSE and workspace buffers, one operator launch
-per layer, so :mod:`gptoss_patch.patches.aclgraph` can re-issue that launch with new lengths in a task-group update.
+ACL graphs (FULL_DECODE_ONLY): :func:`fia_kwargs` + :func:`relaunch_out` are the ``.out`` launch a captured graph
+holds - it writes into the caller's output, LSE and workspace buffers, one operator launch per layer, so
+:mod:`gptoss_patch.patches.aclgraph` can re-issue it with new lengths in a task-group update (the capture:
+:func:`gptoss_patch.patches.graph_capture.capture_decode`; on the ``lse`` path :func:`sink_rescale_` follows).
 :func:`graph_path` picks the operator that can be updated on this torch_npu (v2 needs op-plugin 7.3.0);
 :func:`decode_launch_lengths` turns vllm-ascend's padded decode metadata into lengths that cover every row.
 """
 
 from __future__ import annotations
 
-import contextlib
 import inspect
-import os
 import threading
 from typing import Any, Sequence
 
 import torch
+
+from gptoss_patch import config
 
 #: ``pre_tokens`` / ``next_tokens`` default of the operators ("no limit").
 INT_MAX = 2147483647
@@ -85,9 +86,7 @@ def detect_path(torch_npu: Any) -> str:
     """
     v2 = _accepts(getattr(torch_npu, "npu_fused_infer_attention_score_v2", None), "learnable_sink")
     v1 = _accepts(getattr(torch_npu, "npu_fused_infer_attention_score", None), "softmax_lse_flag")
-    forced = os.environ.get("GPTOSS_PATCH_ATTENTION_PATH", "").strip().lower()
-    if forced not in ("", V2, LSE):
-        raise ValueError(f"GPTOSS_PATCH_ATTENTION_PATH={forced!r}: use 'v2' or 'lse'")
+    forced = config.choice(config.ATTENTION_PATH) or ""
     if forced == V2 and not v2:
         raise SinkAttentionUnavailable("GPTOSS_PATCH_ATTENTION_PATH=v2 but torch_npu.npu_fused_infer_attention_score_v2 "
                                        "has no learnable_sink argument (needs torch_npu >= 2.7.1, op-plugin 7.2.0)")
@@ -118,30 +117,6 @@ def chosen_path(torch_npu: Any | None = None) -> str:
                     torch_npu = _tn
                 _path = detect_path(torch_npu)
     return _path
-
-
-@contextlib.contextmanager
-def forced_path(path: str | None):
-    """Context manager: run with ``GPTOSS_PATCH_ATTENTION_PATH=path`` (None: unset), the process-wide choice reset.
-
-    The operator path is otherwise fixed once per process (:func:`chosen_path`); tests and benchmarks use this
-    to exercise both paths in one process. Restores the variable and forgets the choice on exit.
-    """
-    global _path
-    old = os.environ.get("GPTOSS_PATCH_ATTENTION_PATH")
-    if path is None:
-        os.environ.pop("GPTOSS_PATCH_ATTENTION_PATH", None)
-    else:
-        os.environ["GPTOSS_PATCH_ATTENTION_PATH"] = path
-    _path = None
-    try:
-        yield
-    finally:
-        _path = None
-        if old is None:
-            os.environ.pop("GPTOSS_PATCH_ATTENTION_PATH", None)
-        else:
-            os.environ["GPTOSS_PATCH_ATTENTION_PATH"] = old
 
 
 def path_description() -> str | None:
@@ -271,7 +246,7 @@ def fia_kwargs(path: str, *, block_table: torch.Tensor, block_size: int, query_c
     ``v2``: ``npu_fused_infer_attention_score_v2`` names, ``learnable_sink=sinks``. ``lse``: the v1 names,
     ``softmax_lse_flag=True`` when there are sinks (the LSE feeds :func:`sink_rescale`). Both: ``input_layout="TND"``,
     :func:`band` for ``sparse_mode``/``pre_tokens``/``next_tokens``, the causal template ``mask``, host-list lengths
-    (copied, so a caller's later edits do not reach a queued launch). Sources: npu_ops.md §2.1, §3.1.
+    (copied, so a caller's later edits do not reach a queued launch). Sources: docs/operators.md §3.7.
     """
     mode, pre, nxt = band(sliding_window)
     if path == V2:
@@ -290,7 +265,7 @@ def fia_kwargs(path: str, *, block_table: torch.Tensor, block_size: int, query_c
 # The capture / update protocol itself lives in gptoss_patch.patches.aclgraph.
 
 #: First torch_npu release whose op-plugin line (7.3.0) can update a captured ``npu_fused_infer_attention_score_v2``
-#: inside an NPU graph task group (op-plugin commit c2bbff98, PR !3925, 2025-12-30; npu_ops.md §3.2, §10.5).
+#: inside an NPU graph task group (op-plugin commit c2bbff98, PR !3925, 2025-12-30; docs/operators.md §3.8).
 #: torch_npu 2.7.1 / 2.8.0 (vllm-ascend 0.11 - 0.13) are on 7.2.0: their v2 can run, but not be re-issued in a
 #: captured task group, so captured sink layers use the v1 ``.out`` + LSE path there.
 V2_GRAPH_UPDATE_MIN_TORCH_NPU = (2, 9, 0)
@@ -327,7 +302,7 @@ def graph_path(has_sinks: bool = True, torch_npu: Any | None = None) -> str:
     path = chosen_path(torch_npu)
     if path == LSE or not has_sinks:
         return LSE
-    forced = os.environ.get("GPTOSS_PATCH_ATTENTION_PATH", "").strip().lower() == V2
+    forced = config.choice(config.ATTENTION_PATH) == V2
     if forced or v2_graph_update_supported(torch_npu):
         return V2
     if _accepts(getattr(torch_npu, "npu_fused_infer_attention_score", None), "softmax_lse_flag"):
@@ -353,7 +328,7 @@ def decode_launch_lengths(query_cu_lens: Sequence[int], kv_lens: Sequence[int], 
       ``seq_lens`` beyond the real requests hold whatever an earlier step left there;
     * 0.13.x / 0.14.0rc1: host ``query_start_loc`` padded with ``arange``, ``seq_lens`` padded with zeros.
 
-    The TND operator requires ``T`` == the last cumulative length (npu_ops.md §1.3, §2.6). Here: the real sequences
+    The TND operator requires ``T`` == the last cumulative length (docs/operators.md §3.7). Here: the real sequences
     (up to the cumulative length equal to ``num_actual_tokens``; every entry after it is padding, whatever its value)
     keep their query/KV lengths; each padding row becomes its own one-token sequence with KV length 0, which the
     operator answers with a zero row (as vllm-ascend 0.13's ``_pad_attention_seq_params`` pads).
@@ -399,9 +374,9 @@ def max_workspace(path: str, query: torch.Tensor, key_cache: torch.Tensor, value
                   block_table: torch.Tensor, query_cu_lens: Sequence[int], kv_lens: Sequence[int], num_heads: int,
                   num_kv_heads: int, scale: float, sinks: torch.Tensor | None, sliding_window: int | None,
                   torch_npu: Any = None) -> torch.Tensor:
-    """``_npu_fused_infer_attention_score(_v2)_get_max_workspace`` for the launch :func:`fused_attention_out` makes.
+    """``_npu_fused_infer_attention_score(_v2)_get_max_workspace`` for the ``.out`` launch of :func:`relaunch_out`.
 
-    The operator sizes the workspace for the worst case of the given shapes (npu_ops.md §2.1, §7; vllm-ascend
+    The operator sizes the workspace for the worst case of the given shapes (docs/operators.md §3.7, §6; vllm-ascend
     passes it to every captured ``.out`` call and its updates). Host-side; returns a device uint8 tensor.
     """
     if torch_npu is None:
@@ -417,41 +392,6 @@ def max_workspace(path: str, query: torch.Tensor, key_cache: torch.Tensor, value
     return fn(query, key, value, **kwargs)
 
 
-def fused_attention_out(path: str, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor, *,
-                        block_table: torch.Tensor, query_cu_lens: Sequence[int], kv_lens: Sequence[int],
-                        num_heads: int, num_kv_heads: int, scale: float, sinks: torch.Tensor | None,
-                        sliding_window: int | None, out: torch.Tensor, softmax_lse: torch.Tensor,
-                        workspace: torch.Tensor | None, torch_npu: Any = None) -> torch.Tensor:
-    """Exactly one ``.out`` launch of the fused operator of ``path`` (the task an ACL-graph task group holds).
-
-    ``v2``: ``npu_fused_infer_attention_score_v2.out(..., learnable_sink=sinks)`` - the finished result.
-    ``lse``: ``npu_fused_infer_attention_score.out(..., softmax_lse_flag=sinks is not None)`` - attention *without*
-    sinks and its LSE; the caller applies :func:`sink_rescale_` afterwards (outside the task group).
-
-    Args:
-        query: ``(T, N, D)``, T = ``query_cu_lens[-1]``.
-        key_cache / value_cache: ``(num_blocks, block_size, KV_N, D)`` caches or their ``(…, KV_N*D)`` views.
-        block_table: ``(B, max_blocks)`` int32, B = ``len(query_cu_lens)``.
-        query_cu_lens / kv_lens: host lists (see :func:`decode_launch_lengths`).
-        out: ``(T, N, D)`` query-dtype buffer, overwritten.
-        softmax_lse: float32 ``(T, N, 1)`` buffer (written on the ``lse`` path with sinks), else any float32 tensor.
-        workspace: from :func:`max_workspace`, or None.
-
-    Returns:
-        ``out``. No host synchronisation, no allocation on the caller's side.
-    """
-    if torch_npu is None:
-        import torch_npu as _tn
-
-        torch_npu = _tn
-    key, value, block_size = paged_views(key_cache, value_cache)
-    kwargs = fia_kwargs(path, block_table=block_table, block_size=block_size, query_cu_lens=query_cu_lens,
-                        kv_lens=kv_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale, sinks=sinks,
-                        sliding_window=sliding_window, mask=causal_template(torch.int8, query.device))
-    return relaunch_out(path, kwargs, query, key, value, out=out, softmax_lse=softmax_lse, workspace=workspace,
-                        torch_npu=torch_npu)
-
-
 #: Names of the (cumulative query, per-sequence KV) length arguments per path.
 LENGTH_ARGS = {V2: ("actual_seq_qlen", "actual_seq_kvlen"), LSE: ("actual_seq_lengths", "actual_seq_lengths_kv")}
 
@@ -460,8 +400,13 @@ def relaunch_out(path: str, kwargs: dict[str, Any], query: torch.Tensor, key: to
                  out: torch.Tensor, softmax_lse: torch.Tensor, workspace: torch.Tensor | None,
                  query_cu_lens: list[int] | None = None, kv_lens: list[int] | None = None,
                  torch_npu: Any = None) -> torch.Tensor:
-    """The one ``.out`` launch of :func:`fused_attention_out` from its prepared :func:`fia_kwargs` (``key``/``value``
-    already the ``(num_blocks, block_size, KV_N*D)`` views), with new host-list lengths when given.
+    """Exactly one ``.out`` launch of the fused operator of ``path`` (the task an ACL-graph task group holds) from its
+    prepared :func:`fia_kwargs` (``key``/``value`` already the ``(num_blocks, block_size, KV_N*D)`` views of
+    :func:`paged_views`), with new host-list lengths when given.
+
+    ``v2``: ``npu_fused_infer_attention_score_v2.out(..., learnable_sink=sinks)`` - the finished result.
+    ``lse``: ``npu_fused_infer_attention_score.out(..., softmax_lse_flag=sinks is not None)`` - attention *without*
+    sinks and its LSE; the caller applies :func:`sink_rescale_` afterwards (outside the task group).
 
     The graph update's hot path: no argument is rebuilt, only the two length lists change (their names per path:
     :data:`LENGTH_ARGS`). Returns ``out``.
@@ -483,78 +428,3 @@ def sink_rescale_(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> 
     Rows with KV length 0 have ``lse = +inf`` and output 0: ``0 · sigmoid(+inf) = 0``.
     """
     return out.copy_(sink_rescale(out, lse, sinks))
-
-
-def sink_window_attention_out(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    *,
-    block_table: torch.Tensor,
-    query_cu_lens: Sequence[int],
-    kv_lens: Sequence[int],
-    num_heads: int,
-    num_kv_heads: int,
-    scale: float,
-    sinks: torch.Tensor | None,
-    sliding_window: int | None,
-    out: torch.Tensor,
-    softmax_lse: torch.Tensor,
-    workspace: torch.Tensor | None,
-    path: str | None = None,
-    torch_npu: Any = None,
-) -> torch.Tensor:
-    """:func:`sink_window_attention` in the ``.out`` form a captured graph uses: writes into ``out`` in place.
-
-    One :func:`fused_attention_out` launch (path default :func:`graph_path`), then, on the ``lse`` path with sinks,
-    :func:`sink_rescale_`. All buffers are the caller's (a graph reuses them on every replay): ``out`` ``(T, N, D)``,
-    ``softmax_lse`` float32 ``(T, N, 1)``, ``workspace`` from :func:`max_workspace`. Same arguments and result as
-    :func:`sink_window_attention` otherwise (exactly equal in float32 on the same path).
-
-    Raises:
-        SinkAttentionUnavailable: see :func:`graph_path`.
-    """
-    if torch_npu is None:
-        import torch_npu as _tn
-
-        torch_npu = _tn
-    if path is None:
-        path = graph_path(sinks is not None, torch_npu)
-    fused_attention_out(path, query, key_cache, value_cache, block_table=block_table, query_cu_lens=query_cu_lens,
-                        kv_lens=kv_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, scale=scale, sinks=sinks,
-                        sliding_window=sliding_window, out=out, softmax_lse=softmax_lse, workspace=workspace,
-                        torch_npu=torch_npu)
-    if path == LSE and sinks is not None:
-        sink_rescale_(out, softmax_lse, sinks)
-    return out
-
-
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
-                        sinks: torch.Tensor | None, sliding_window: int | None, q_offset: int = 0) -> torch.Tensor:
-    """Plain-torch GPT-OSS attention of one sequence (float32), for ``verify``'s numerical self-test.
-
-    Args:
-        q: ``(Sq, N, D)``; k, v: ``(Skv, KV_N, D)``; query row i sits at KV position ``q_offset + i``.
-        scale: softmax scale; sinks: ``(N,)`` or None; sliding_window: keys ``j > pos − window`` kept.
-
-    Returns:
-        ``(Sq, N, D)`` float32. Semantics of transformers' ``GptOssAttention`` eager path.
-    """
-    sq, n, _ = q.shape
-    skv, kvn, _ = k.shape
-    g = n // kvn
-    kf = k.float().repeat_interleave(g, dim=1)
-    vf = v.float().repeat_interleave(g, dim=1)
-    s = torch.einsum("ind,jnd->nij", q.float(), kf) * scale
-    pos = torch.arange(sq).view(-1, 1) + q_offset
-    j = torch.arange(skv).view(1, -1)
-    allowed = j <= pos
-    if sliding_window is not None:
-        allowed &= j > pos - sliding_window
-    s = s.masked_fill(~allowed, float("-inf"))
-    if sinks is not None:
-        s = torch.cat([s, sinks.float().view(n, 1, 1).expand(n, sq, 1)], dim=-1)
-    p = torch.softmax(s, dim=-1)
-    if sinks is not None:
-        p = p[..., :-1]
-    return torch.einsum("nij,jnd->ind", p, vf)

@@ -1,7 +1,7 @@
 """GPT-OSS mixture-of-experts math: plain-torch references, and the grouped expert MLP on the NPU operators.
 
 GPT-OSS's MoE block differs from the SwiGLU MoE that vllm-ascend 0.11-0.14 hard-codes
-(``npu_ops.md`` §5.2, ``upstream_targets.md`` §4.2, §5.4, §7.2):
+(``docs/operators.md`` §4.3, ``docs/upstream.md`` §7.4, §8.2, §3):
 
 * **activation** ``swigluoai``: gate and linear halves are *interleaved* along the last dim (``x[..., 0::2]`` is the
   gate, ``x[..., 1::2]`` the linear part), both are clamped to ``limit = 7`` (the gate only from above), the gate uses
@@ -12,13 +12,13 @@ GPT-OSS's MoE block differs from the SwiGLU MoE that vllm-ascend 0.11-0.14 hard-
   ``tests/unit/test_kernels_moe.py``), i.e. what vllm-ascend computes with ``renormalize=True``.
 
 Weight layout used here = transformers' ``GptOssExperts`` = vllm-ascend's layout after
-``process_weights_after_loading`` (``upstream_targets.md`` §4.2, §5.3): ``w13`` ``(E, H, 2I)`` with interleaved
+``process_weights_after_loading`` (``docs/upstream.md`` §7.4, §8.3): ``w13`` ``(E, H, 2I)`` with interleaved
 gate/up columns, ``w13_bias`` ``(E, 2I)``, ``w2`` ``(E, I, H)``, ``w2_bias`` ``(E, H)``.
 
 :func:`swigluoai`, :func:`route_gptoss` and :func:`experts_forward` are plain torch (no NPU operator).
 :func:`grouped_expert_mlp` is the expert MLP the patched vllm-ascend path runs (``gptoss_patch.patches.moe``): two
 ``torch_npu.npu_grouped_matmul`` calls with the biases inside, and :func:`swigluoai` in between - the computation
-of vllm-ascend 0.15.0rc1's native ``unquant_apply_mlp`` (``upstream_targets.md`` §7.2).
+of vllm-ascend 0.15.0rc1's native ``unquant_apply_mlp`` (``docs/upstream.md`` §3).
 
 Sources: openai/gpt-oss ``gpt_oss/torch/model.py`` (``swiglu``, ``MLPBlock``; tag GPTOSS); vLLM
 ``SwigluOAIAndMul.forward_native``; transformers 4.57.1 ``models/gpt_oss/modeling_gpt_oss.py``
@@ -59,7 +59,7 @@ def swigluoai(x: torch.Tensor, alpha: float = SWIGLUOAI_ALPHA, limit: float = SW
     Raises:
         ValueError: the last dimension is odd.
 
-    Source: vLLM ``SwigluOAIAndMul.forward_native`` (upstream_targets.md §5.4); GPTOSS ``swiglu``;
+    Source: vLLM ``SwigluOAIAndMul.forward_native`` (docs/upstream.md §8.2); GPTOSS ``swiglu``;
     transformers ``GptOssExperts.forward``.
     """
     if x.size(-1) % 2:
@@ -192,7 +192,7 @@ def gmm_bias(bias: torch.Tensor | None, x_dtype: torch.dtype) -> list[torch.Tens
 
     Returns:
         ``None`` for no bias, else ``[bias.to(float32)]`` when ``x`` is bfloat16 and ``[bias.to(x_dtype)]`` otherwise
-        (OPD-gmm data-type tables; OTX-gmm ``biasDtype = BF16 ? FLOAT : xDtype``; ``npu_ops.md`` §5.1). vllm-ascend
+        (OPD-gmm data-type tables; OTX-gmm ``biasDtype = BF16 ? FLOAT : xDtype``; ``docs/operators.md`` §4.1). vllm-ascend
         0.15.0rc1 always passes float32, which the operator rejects for a float16 ``x``.
 
     Raises:
@@ -226,7 +226,7 @@ def grouped_expert_mlp(
     ``SwigluOAIAndMul.forward_native`` as vllm-ascend 0.15.0rc1 calls it) or, for ``"silu"``, ``torch_npu.npu_swiglu``
     (first half gate, second half up - upstream's activation, unchanged). Both GEMMs are one
     ``torch_npu.npu_grouped_matmul(split_item=2, group_type=0)`` each with the bias inside (:func:`gmm_bias`), the
-    calls of vllm-ascend 0.15.0rc1 ``unquant_apply_mlp`` (``upstream_targets.md`` §7.2).
+    calls of vllm-ascend 0.15.0rc1 ``unquant_apply_mlp`` (``docs/upstream.md`` §3).
 
     Args:
         hidden_states: ``(M, H)`` rows sorted by expert (bfloat16/float16/float32). Rows past the total of

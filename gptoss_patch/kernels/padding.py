@@ -3,10 +3,10 @@
 The rule
 ========
 vllm-ascend keeps the unquantised expert weights as ``w13 (E, H, 2I)`` and ``w2 (E, I, H)`` after
-``process_weights_after_loading`` (``(E, in, out)``: ``upstream_targets.md`` §4.2), and ``npu_grouped_matmul`` reads a
+``process_weights_after_loading`` (``(E, in, out)``: ``docs/upstream.md`` §7.4), and ``npu_grouped_matmul`` reads a
 weight's last two dims as ``(k, n)``. When a weight is in FRACTAL_NZ (ACL format 29) the operator checks, on A2/A3,
 ``k % 16 == 0 and n % 16 == 0`` for bf16/fp16 (``k % 16, n % 32`` for int8) and raises ``ACLNN_ERR_PARAM_INVALID``
-otherwise; with ND weights there is no alignment rule (``npu_ops.md`` §6, source OTX-gmm ``TransWeightToNz`` and
+otherwise; with ND weights there is no alignment rule (``docs/operators.md`` §4.2, source OTX-gmm ``TransWeightToNz`` and
 OTX-gmmt ``CheckWeightNZShape``). For the two expert weights that means:
 
 * ``w13``: ``k = H``, ``n = 2I`` -> ``H % 16`` and ``2I % 16``;
@@ -24,7 +24,7 @@ Which releases cast bf16 MoE weights to NZ (so that the rule bites) is :data:`NZ
 Why zero padding is exact
 =========================
 Padding ``I -> I'`` appends ``I' - I`` *whole* gate/up pairs: in vLLM's layout ``w13 (E, 2I, H)`` row ``2j`` is gate
-``j`` and row ``2j + 1`` is up ``j`` (``upstream_targets.md`` §5.3), so appending ``2 (I' - I)`` zero rows appends
+``j`` and row ``2j + 1`` is up ``j`` (``docs/upstream.md`` §8.3), so appending ``2 (I' - I)`` zero rows appends
 ``I' - I`` zero pairs and leaves every existing pair where it was; ``w13_bias (E, 2I)`` gets zero columns the same way.
 For a padded pair the gate/up pre-activations are ``x @ 0 + 0 = 0``, and ``swigluoai(0, 0) = (0 + 1) * 0 *
 sigmoid(1.702 * 0) = 0``; ``w2 (E, H, I)`` gets ``I' - I`` zero *columns* (zero rows of the transposed ``(E, I', H)``),
@@ -66,7 +66,7 @@ __all__ = [
     "expert_bytes",
 ]
 
-#: Edge of an NZ fractal in elements for 2-byte dtypes (32 bytes / itemsize; npu_ops.md §6).
+#: Edge of an NZ fractal in elements for 2-byte dtypes (32 bytes / itemsize; docs/operators.md §4.2).
 NZ_FRACTAL = 16
 
 
@@ -84,7 +84,7 @@ def nz_multiple(dtype: torch.dtype) -> int:
         ValueError: any other dtype (float32 included): ``npu_grouped_matmul`` accepts no NZ weight of that dtype at
             all, so no padding can help (OTX-gmm ``TransWeightToNz`` lists INT8, BF16/FP16 and INT4 only).
 
-    Source: npu_ops.md §6 (OTX-gmm, OTX-gmmt).
+    Source: docs/operators.md §4.2 (OTX-gmm, OTX-gmmt).
     """
     if dtype in (torch.bfloat16, torch.float16, torch.int8):
         return NZ_FRACTAL
@@ -353,7 +353,7 @@ class NzRule:
 
 
 #: Read from the released wheels (``vllm_ascend/utils.py`` and the unquantised MoE method's
-#: ``process_weights_after_loading``); upstream_targets.md §8.
+#: ``process_weights_after_loading``); docs/upstream.md §4.10.
 NZ_RULES: tuple[NzRule, ...] = (
     NzRule(("0.11.0rc0",), "ops.common_fused_moe:process_weights_after_loading",
            "always on non-310P (no environment check)", env_values=None),

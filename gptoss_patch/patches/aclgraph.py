@@ -5,7 +5,7 @@ Why
     FULL_DECODE_ONLY mode vllm-ascend 0.11.x captures the whole decode forward once per capture size; the decode
     attention's host parameters (sequence lengths) are rewritten before every replay by
     ``vllm_ascend.compilation.acl_graph.update_attn_params``, which knows only the plain ``_npu_paged_attention``
-    record (no sinks, no window; upstream_targets.md §3.2). GPT-OSS layers run our fused operator
+    record (no sinks, no window; docs/upstream.md §7.3). GPT-OSS layers run our fused operator
     (:mod:`gptoss_patch.patches.attention`), whose lengths are read on the host at launch: captured without a task
     group they would be frozen at capture time and every replay would attend the wrong keys - exactly what
     upstream's own sliding-window decode does in 0.11.0 (``_forward_decode_only`` launches a BSH
@@ -15,7 +15,7 @@ How
     *Capture* (:func:`capture_decode`, called by ``attention.sink_window_attend`` when ``forward_context.capturing``
     and the current stream is capturing): upstream's protocol - ``ExternalEvent`` wait + reset on the capture stream,
     ``graph_task_group_begin``, ONE ``.out`` launch of the fused operator
-    (:func:`gptoss_patch.kernels.attention.fused_attention_out`: v2 with ``learnable_sink``, or v1 with
+    (:func:`gptoss_patch.kernels.attention.relaunch_out`: v2 with ``learnable_sink``, or v1 with
     ``softmax_lse_flag`` whose :func:`~gptoss_patch.kernels.attention.sink_rescale_` follows outside the group),
     ``graph_task_group_end`` - into the captured output buffer, with a preallocated LSE and a workspace from
     ``_npu_fused_infer_attention_score(_v2)_get_max_workspace`` cached per capture size (and geometry). Padded
@@ -28,7 +28,7 @@ How
     layout's update entry points are not all our wrapper (:func:`update_entry_points`).
 
     *Update* (:func:`_update_attn_params` wraps the layout's entry point, and is rebound wherever the release imported
-    it by value - upstream_targets.md §3.5): without GPT-OSS
+    it by value - docs/upstream.md §7.5): without GPT-OSS
     records the call goes to upstream unchanged. Otherwise every record is paired with its layer's metadata **by
     layer name** - upstream zips ``forward_context.attn_metadata`` keys with ``attn_params`` by position, which with
     GPT-OSS's alternating layers and our records beside upstream's would pair layers and records wrongly. Upstream's
@@ -38,7 +38,7 @@ How
     An update that cannot be made raises :class:`AclGraphUpdateError` naming the layer and capture size and saying
     how to run PIECEWISE or eager; the event stays unrecorded, so the replay never runs stale lengths silently.
 Upstream releases
-    vllm-ascend 0.11.0rc1 ... 0.14.0rc1, one entry point per layout (upstream_targets.md §3.2), all wrapped by the same
+    vllm-ascend 0.11.0rc1 ... 0.14.0rc1, one entry point per layout (docs/upstream.md §7.3), all wrapped by the same
     :func:`_update_attn_params`:
 
     * B (0.11.x): ``acl_graph.update_attn_params(update_stream, forward_context, runtime_shape[, kv_transfer_config])``
@@ -52,7 +52,7 @@ Upstream releases
       ``AscendAttentionBackendImpl.update_graph_params(update_stream, forward_context, num_tokens, vllm_config,
       speculative_config=None, num_dcp_pcp_tokens=None)``, which is wrapped (looked up on the class at every call,
       nothing to rebind). Upstream pairs ``attn_metadata`` keys and records by position; 0.14 also gives GPT-OSS's
-      sliding layers their own KV-cache group (``SlidingWindowSpec``, §5.5), so per-layer metadata differ between
+      sliding layers their own KV-cache group (``SlidingWindowSpec``, docs/upstream.md §8.4), so per-layer metadata differ between
       groups - pairing by layer name is what keeps each record on its own layer's lengths.
 
     From 0.12.0rc1 on the forward patch sits on ``forward_impl``, which has no ``layer`` argument: the layer name is
@@ -67,406 +67,18 @@ from __future__ import annotations
 import copy
 import sys
 import threading
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from gptoss_patch.registry import PatchSpec
+from gptoss_patch.registry import PatchSpec, split_target
+from gptoss_patch.patches.graph_capture import (  # noqa: F401 - the capture side, re-exported
+    HOW_TO_AVOID, AclGraphCaptureError, AclGraphUpdateError, GptOssAttnParams, UpstreamAttnParams, _acl_graph,
+    _forward_context, _weak, capture_decode, capturing, layer_name_of, run_naming_upstream_records)
 
 PATCH_NAME = "aclgraph.update_attn_params"
-
-#: How to get out of full-graph mode (in every capture / update error).
-HOW_TO_AVOID = ("run PIECEWISE (--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}') or eager "
-                "(--enforce-eager) instead of FULL_DECODE_ONLY")
 
 _swap_lock = threading.Lock()
 
 
-class AclGraphUpdateError(RuntimeError):
-    """The captured attention of one layer could not be updated for this step (its replay would be stale).
-
-    Attributes:
-        layer_name: the attention layer (``model.layers.N.self_attn.attn``).
-        capture_size: the graph's capture size (``runtime_shape``).
-    """
-
-    def __init__(self, layer_name: str | None, capture_size: int, what: str):
-        self.layer_name, self.capture_size = layer_name, capture_size
-        super().__init__(
-            f"gptoss-patch: ACL graph update failed for attention layer {layer_name!r} at capture size "
-            f"{capture_size}: {what}. The captured attention would replay with stale sequence lengths, so the step "
-            f"stops here; {HOW_TO_AVOID}.")
-
-
-class AclGraphCaptureError(RuntimeError):
-    """A GPT-OSS attention layer cannot be captured as an updatable task (FULL_DECODE_ONLY)."""
-
-    def __init__(self, layer_name: str | None, capture_size: int, what: str):
-        self.layer_name, self.capture_size = layer_name, capture_size
-        super().__init__(
-            f"gptoss-patch: cannot capture GPT-OSS attention layer {layer_name!r} in a full ACL graph at capture "
-            f"size {capture_size}: {what}; {HOW_TO_AVOID}.")
-
-
-@dataclass(eq=False)
-class GptOssAttnParams:
-    """What one captured GPT-OSS attention launch needs to be re-issued (one per layer and capture size).
-
-    Tensors are those of the capture (the graph reads them at fixed addresses); the update passes the same ones.
-
-    Attributes:
-        layer_name: vLLM attention layer name (key of ``forward_context.attn_metadata``).
-        capture_size: T, rows of the launch (``runtime_shape``).
-        path: ``"v2"`` (``npu_fused_infer_attention_score_v2.out`` with ``learnable_sink``) or ``"lse"``
-            (``npu_fused_infer_attention_score.out``; with sinks, ``softmax_lse`` + ``sink_rescale_`` after the group).
-        query: ``(T, N, D)`` captured query.
-        key_cache / value_cache: ``(num_blocks, block_size, KV_N*D)`` views of the layer's paged caches.
-        block_table: ``(T, max_blocks)`` int32 - the capture's tensor, a view of the model runner's persistent block
-            table (``input_batch.block_table``), updated in place every step (as upstream's paged records).
-        query_cu_lens / seq_lens: host lists the graph currently holds (capture, then each update).
-        sinks: ``(N,)`` sink logits (the model's parameter) or None; sliding_window: 128 or None.
-        scale: softmax scale; num_heads / num_kv_heads: N, KV_N on this rank.
-        output: ``(T, N, D)`` captured output buffer (what vLLM reads after the layer).
-        softmax_lse: float32 ``(T, N, 1)`` on the ``lse`` path with sinks, else a ``(1,)`` placeholder.
-        workspace: from ``_npu_fused_infer_attention_score(_v2)_get_max_workspace`` (shared per size/geometry).
-        launch: the launch's keyword arguments (``kernels.attention.fia_kwargs``: mask, band, heads, scale, sinks,
-            block table, block size; capture-time lengths), reused by every update with new lengths only.
-        block_size / max_blocks: of the caches and the captured block table (host ints, for the update's checks).
-        updates: updates applied so far.
-    """
-
-    layer_name: str
-    capture_size: int
-    path: str
-    query: Any
-    key_cache: Any
-    value_cache: Any
-    block_table: Any
-    query_cu_lens: list[int]
-    seq_lens: list[int]
-    sinks: Any
-    sliding_window: int | None
-    scale: float
-    num_heads: int
-    num_kv_heads: int
-    output: Any
-    softmax_lse: Any
-    workspace: Any
-    launch: dict = field(default_factory=dict)
-    block_size: int = 0
-    max_blocks: int = 0
-    updates: int = 0
-
-
-class UpstreamAttnParams(tuple):
-    """Upstream's paged-attention record ``(query, key_cache, value_cache, num_kv_heads, num_heads, scale,
-    block_table, seq_lens, output)`` with the ``layer_name`` that produced it. Unpacks exactly like the tuple."""
-
-    layer_name: str
-
-    def __new__(cls, items: tuple, layer_name: str) -> "UpstreamAttnParams":
-        self = super().__new__(cls, items)
-        self.layer_name = layer_name
-        return self
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# helpers
-
-
-def _forward_context() -> Any:
-    """vLLM's current forward context, or None outside one (vLLM 0.11 has no ``is_forward_context_available``)."""
-    from vllm import forward_context
-
-    return forward_context._forward_context
-
-
-def _acl_graph() -> Any:
-    from vllm_ascend.compilation import acl_graph
-
-    return acl_graph
-
-
-def capturing() -> bool:
-    """True when the current attention call is being captured into a full graph.
-
-    ``forward_context.capturing`` (set by ``ACLGraphWrapper`` before a capture) *and* the current stream capturing:
-    in PIECEWISE mode the wrapper leaves the flag set while attention runs eagerly between captured pieces.
-    """
-    fc = _forward_context()
-    if fc is None or not getattr(fc, "capturing", False):
-        return False
-    import torch
-
-    return bool(torch.npu.is_current_stream_capturing())
-
-
-def _weak(t: Any) -> Any:
-    """``vllm_ascend.utils.weak_ref_tensor`` as upstream stores its records, when the compiled op exists."""
-    import torch
-
-    try:
-        op = torch.ops._C_ascend.weak_ref_tensor
-    except (AttributeError, RuntimeError):
-        return t  # e.g. the CPU simulator: a strong reference (more memory held, same addresses)
-    return op(t)
-
-
-def _active_layout() -> str | None:
-    """The module-layout family (``gptoss_patch.matrix.LAYOUTS`` key) of the release gptoss-patch applied to."""
-    import gptoss_patch
-
-    return gptoss_patch.status().layout  # None unless the decision is apply
-
-
-def _live_attribute(target: str) -> tuple[Any, str, Any] | None:
-    """``(parent, attribute, raw value)`` of an imported ``module:Qual.name`` (class attributes unbound), or None."""
-    from gptoss_patch.registry import split_target
-
-    module, qualname = split_target(target)
-    obj = sys.modules.get(module)
-    if obj is None:
-        return None
-    parent, attribute = obj, qualname
-    for part in qualname.split("."):
-        parent, attribute = obj, part
-        obj = parent.__dict__.get(part) if isinstance(parent, type) else getattr(parent, part, None)
-        if obj is None:
-            return None
-    return parent, attribute, obj
-
-
-def update_entry_points(layout: str) -> list[tuple[str, Any]]:
-    """Where the graph-parameter update of ``layout`` is called from: ``(where, object)`` pairs, each of which must
-    be our update wrapper for captured GPT-OSS records to be updated.
-
-    Read from the matrix: the ``aclgraph.*`` patch of the layout (its target) and its ``rebind_keys`` (modules that
-    imported the target's name by value, upstream_targets.md §3.5; only those already imported and holding the name).
-    """
-    from gptoss_patch import matrix
-    from gptoss_patch.patches import layout_plan
-
-    places = []
-    for spec, target in layout_plan(layout):
-        if not spec.name.startswith("aclgraph."):
-            continue
-        live = _live_attribute(target)
-        places.append((target, live[2] if live else None))
-        if live is None:
-            continue
-        for key in spec.rebind_keys:
-            mod = sys.modules.get(matrix.LAYOUTS[layout].get(key, ""))
-            if mod is not None and live[1] in mod.__dict__:
-                places.append((f"{mod.__name__}.{live[1]}", mod.__dict__[live[1]]))
-    return places
-
-
-def _check_update_patched(layer_name: str, size: int) -> None:
-    """Refuse to capture a record nobody would update (the patch off, or a by-value name not rebound)."""
-    layout = _active_layout()
-    if layout is None:
-        raise AclGraphCaptureError(layer_name, size, "gptoss-patch is not applied in this process, so the captured "
-                                                     "lengths would never be updated")
-    places = update_entry_points(layout)
-    if not places:
-        raise AclGraphCaptureError(layer_name, size, f"layout {layout} declares no ACL-graph update patch")
-    for where, obj in places:
-        if not is_patched(obj):
-            raise AclGraphCaptureError(layer_name, size, f"{where} is not gptoss-patch's update wrapper (patch not "
-                                                         "applied or rebinding failed), so the captured lengths "
-                                                         "would never be updated")
-
-
-def is_patched(fn: Any) -> bool:
-    """True when ``fn`` is (or wraps, through wrapt proxies) our update wrapper.
-
-    Checked by identity of the wrapper function along the ``__wrapped__`` chain, so another library's wrapper
-    around ours still counts and a look-alike does not. Accepts a raw ``staticmethod`` too.
-    """
-    for _ in range(8):
-        if fn is None:
-            return False
-        if getattr(fn, "_self_wrapper", None) is _update_attn_params:
-            return True
-        fn = fn.__func__ if isinstance(fn, staticmethod) else getattr(fn, "__wrapped__", None)
-    return False
-
-
-def layer_name_of(impl: Any) -> str | None:
-    """vLLM layer name of an ``AscendAttentionBackendImpl`` (vllm-ascend >= 0.12 does not pass the layer to
-    ``forward_impl``): the key of ``forward_context.no_compile_layers`` whose ``Attention`` holds ``impl``
-    (vLLM's static forward context, the table ``unified_attention_with_output`` looks layers up in). Cached on the
-    impl. None when not found."""
-    name = impl.__dict__.get("_gptoss_layer_name")
-    if name:
-        return name
-    fc = _forward_context()
-    layers = getattr(fc, "no_compile_layers", None) or {}
-    for key, layer in layers.items():
-        if getattr(layer, "impl", None) is impl:
-            impl._gptoss_layer_name = key
-            return key
-    return None
-
-
-def _workspace(gp: Any, key: tuple, make: Callable[[], Any]) -> Any:
-    """Workspace cache on the GraphParams object, per capture size and launch geometry.
-
-    Not ``gp.workspaces``: upstream's paged-attention capture reuses ``workspaces[num_tokens]`` for its own
-    ``_npu_paged_attention`` (sized by ``_npu_paged_attention_get_workspace``), a different operator.
-    """
-    cache = gp.__dict__.setdefault("_gptoss_workspaces", {})
-    ws = cache.get(key)
-    if ws is None:
-        ws = cache[key] = make()
-    return ws
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# capture
-
-
-def _capture_lengths(attn_metadata: Any, size: int) -> tuple[list[int], list[int]]:
-    """Query (cumulative) and KV lengths for the captured launch of a DecodeOnly batch of ``size`` rows.
-
-    The real step's lengths when the metadata has them (:func:`gptoss_patch.kernels.attention.decode_launch_lengths`).
-    vLLM-ascend 0.11's capture dummy run does not: ``NPUModelRunner._build_attention_metadata`` (``aclgraph_runtime_mode
-    == FULL``) hands the builder the runner's ``query_start_loc_cpu`` buffer as it stands before any request - all
-    zeros - so ``actual_seq_lengths_q`` is ``[0, ..., 0]`` while ``num_actual_tokens`` is ``size`` (found by running
-    vLLM's real engine on the simulator). The lengths captured then are placeholders the per-step update replaces
-    before every replay (:func:`update_attn_params`), as upstream's own paged-attention capture does: one query token
-    per row, and the metadata's KV lengths (at least 1) for the rows.
-
-    Raises:
-        ValueError: lengths that are neither a real step's nor the all-zero capture buffer.
-    """
-    from gptoss_patch.kernels import attention as kernels
-
-    q = list(attn_metadata.actual_seq_lengths_q)
-    try:
-        return kernels.decode_launch_lengths(q, attn_metadata.seq_lens_list, attn_metadata.num_actual_tokens, size)
-    except ValueError:
-        if not q or any(q) or attn_metadata.num_actual_tokens != size:
-            raise
-    kv = [max(int(x), 1) for x in list(attn_metadata.seq_lens_list)[:size]]
-    kv += [1] * (size - len(kv))
-    return list(range(1, size + 1)), kv
-
-
-def capture_decode(impl: Any, layer_name: str | None, query: Any, output: Any, attn_metadata: Any) -> Any:
-    """Capture one GPT-OSS decode attention as an updatable task; record it in ``get_graph_params()``.
-
-    Called by :func:`gptoss_patch.patches.attention.sink_window_attend` (after the KV-cache write) when
-    :func:`capturing`. Writes into ``output``.
-
-    Args:
-        impl: the ``AscendAttentionBackendImpl`` (``sinks``, ``sliding_window``, ``key_cache`` ..., set).
-        layer_name: the vLLM attention layer's name (keys the record; ``forward_context.attn_metadata`` key).
-        query: ``(T, N, D)``, T = the capture size; output: ``(T, N, D)`` buffer.
-        attn_metadata: the layer's ``AscendMetadata`` (DecodeOnly, built by ``build_for_graph_capture``).
-
-    Returns:
-        ``output``.
-
-    Raises:
-        AclGraphCaptureError: not a DecodeOnly batch, no graph params for size T (``set_graph_params`` not called),
-            a block table whose rows do not match the launch, or the update patch not active.
-        SinkAttentionUnavailable: no updatable operator path (see ``kernels.attention.graph_path``).
-    """
-    import torch
-    import torch_npu
-    from vllm_ascend.attention.attention_v1 import AscendAttentionState
-
-    from gptoss_patch.kernels import attention as kernels
-
-    name = layer_name
-    size = int(query.shape[0])
-    if attn_metadata.attn_state != AscendAttentionState.DecodeOnly:
-        raise AclGraphCaptureError(name, size, f"attention state {attn_metadata.attn_state.name}: only DecodeOnly "
-                                               "batches are captured with updatable lengths")
-    if getattr(_forward_context(), "is_draft_model", False):
-        raise AclGraphCaptureError(name, size, "a speculative-decoding draft model's layer with sinks or a sliding "
-                                               "window (its records would go to the draft graph parameters, which "
-                                               "gptoss-patch does not update)")
-    gp = _acl_graph().get_graph_params()
-    if gp is None or size not in gp.attn_params:
-        raise AclGraphCaptureError(name, size, "no graph parameters for this size (set_graph_params was not called "
-                                               "with it)")
-    if not name:
-        raise AclGraphCaptureError(name, size, "the attention layer has no layer_name to pair its record with")
-    _check_update_patched(name, size)
-    sinks = impl.sinks
-    path = kernels.graph_path(sinks is not None)
-    q_cu, kv = _capture_lengths(attn_metadata, size)
-    block_table = attn_metadata.block_tables
-    if block_table.shape[0] != len(q_cu):
-        raise AclGraphCaptureError(name, size, f"block table has {block_table.shape[0]} rows for {len(q_cu)} "
-                                               "sequences")
-    key, value, block_size = kernels.paged_views(impl.key_cache, impl.value_cache)
-    n, kvn, d = impl.num_heads, impl.num_kv_heads, impl.head_size
-    if path == kernels.LSE and sinks is not None:
-        lse = torch.empty(size, n, 1, dtype=torch.float32, device=query.device)
-    else:
-        lse = torch.empty(1, dtype=torch.float32, device=query.device)
-    geometry = dict(block_table=block_table, query_cu_lens=q_cu, kv_lens=kv, num_heads=n, num_kv_heads=kvn,
-                    scale=impl.scale, sinks=sinks, sliding_window=impl.sliding_window)
-    ws_key = (size, path, n, kvn, d, query.dtype, block_size, impl.sliding_window is not None, sinks is not None)
-    workspace = _workspace(gp, ws_key, lambda: kernels.max_workspace(path, query, key, value, **geometry))
-
-    launch = kernels.fia_kwargs(path, block_table=block_table, block_size=block_size, query_cu_lens=q_cu, kv_lens=kv,
-                                num_heads=n, num_kv_heads=kvn, scale=impl.scale, sinks=sinks,
-                                sliding_window=impl.sliding_window, mask=kernels.causal_template(torch.int8,
-                                                                                                 query.device))
-    stream = torch_npu.npu.current_stream()
-    event = torch.npu.ExternalEvent()
-    event.wait(stream)
-    event.reset(stream)
-    torch.npu.graph_task_group_begin(stream)
-    kernels.relaunch_out(path, launch, query, key, value, out=output, softmax_lse=lse, workspace=workspace)
-    handle = torch.npu.graph_task_group_end(stream)
-    if path == kernels.LSE and sinks is not None:
-        kernels.sink_rescale_(output, lse, sinks)
-    record = GptOssAttnParams(
-        layer_name=name, capture_size=size, path=path, query=_weak(query), key_cache=_weak(key),
-        value_cache=_weak(value), block_table=block_table, query_cu_lens=q_cu, seq_lens=kv, sinks=sinks,
-        sliding_window=impl.sliding_window, scale=impl.scale, num_heads=n, num_kv_heads=kvn, output=_weak(output),
-        softmax_lse=lse, workspace=workspace, launch=launch, block_size=block_size,
-        max_blocks=int(block_table.shape[1]))
-    gp.events[size].append(event)
-    gp.attn_params[size].append(record)
-    gp.handles[size].append(handle)
-    return output
-
-
-def run_naming_upstream_records(layer_name: Callable[[], str | None], call: Callable[[], Any]) -> Any:
-    """Run upstream's attention (``call``) for a plain layer; name any graph record it captured.
-
-    Outside a full-graph capture this is just ``call()``. During one, a tuple upstream appended to
-    ``get_graph_params().attn_params[size]`` (0.11 paged attention 9-tuple; 0.12 ``full_graph_attention`` and 0.13+
-    ``full_graph_fia`` 13-tuples, ``full_graph_pa`` 9-tuples) becomes an :class:`UpstreamAttnParams` carrying the
-    layer's name (``layer_name()``), so the update can pair it with its own layer's metadata.
-    """
-    fc = _forward_context()
-    if fc is None or not getattr(fc, "capturing", False):
-        return call()
-    gp = _acl_graph().get_graph_params()
-    if gp is None:
-        return call()
-    before = {size: len(lst) for size, lst in gp.attn_params.items()}
-    result = call()
-    name = layer_name()
-    if name:
-        for size, lst in gp.attn_params.items():
-            for i in range(before.get(size, 0), len(lst)):
-                if type(lst[i]) is tuple:
-                    lst[i] = UpstreamAttnParams(lst[i], name)
-    return result
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# update
-
-
-#: The first three parameters of every update entry point (the third is ``num_tokens`` in 0.14's staticmethod).
 _HEAD = (("update_stream",), ("forward_context",), ("runtime_shape", "num_tokens"))
 
 
@@ -541,7 +153,7 @@ def _update_upstream(wrapped: Callable[..., Any], head: list, rest: tuple, kw: d
 
 def _update_attn_params(wrapped, instance, args, kwargs):
     """wrapt wrapper for every graph-parameter update entry point: our records by layer name, upstream's by upstream
-    (see the module docstring). The entry points (upstream_targets.md §3.2):
+    (see the module docstring). The entry points (docs/upstream.md §7.3):
 
     * 0.11.x: ``acl_graph.update_attn_params(update_stream, forward_context, runtime_shape[, kv_transfer_config])``;
     * 0.12.0rc1: ``acl_graph.update_attn_params(update_stream, forward_context, runtime_shape)`` (FIA records);
@@ -600,6 +212,90 @@ def _update_attn_params(wrapped, instance, args, kwargs):
             rec.query_cu_lens, rec.seq_lens = q_cu, kv
             rec.updates += 1
     return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# which entry points must be our wrapper (asked by the capture: graph_capture.capture_decode's check_update)
+
+
+def _active_layout() -> str | None:
+    """The module-layout family (``gptoss_patch.matrix.LAYOUTS`` key) of the release gptoss-patch applied to."""
+    from gptoss_patch._state import status
+
+    return status(drift=False).layout  # None unless the decision is apply
+
+
+def _live_attribute(target: str) -> tuple[Any, str, Any] | None:
+    """``(parent, attribute, raw value)`` of an imported ``module:Qual.name`` (class attributes unbound), or None."""
+    module, qualname = split_target(target)
+    obj = sys.modules.get(module)
+    if obj is None:
+        return None
+    parent, attribute = obj, qualname
+    for part in qualname.split("."):
+        parent, attribute = obj, part
+        obj = parent.__dict__.get(part) if isinstance(parent, type) else getattr(parent, part, None)
+        if obj is None:
+            return None
+    return parent, attribute, obj
+
+
+def update_entry_points(layout: str) -> list[tuple[str, Any]]:
+    """Where the graph-parameter update of ``layout`` is called from: ``(where, object)`` pairs, each of which must
+    be our update wrapper for captured GPT-OSS records to be updated.
+
+    Read from the matrix: the layout's ``aclgraph.*`` patches (:data:`PATCHES` named in
+    :data:`gptoss_patch.matrix.LAYOUT_PATCHES`), their targets and ``rebind_keys`` (modules that imported the target's
+    name by value, docs/upstream.md §7.5; only those already imported and holding the name).
+    """
+    from gptoss_patch import matrix
+
+    places = []
+    names = set(matrix.LAYOUT_PATCHES.get(layout, ()))
+    for spec in PATCHES:
+        target = matrix.LAYOUTS[layout].get(spec.target_key)
+        if spec.name not in names or target is None:
+            continue
+        live = _live_attribute(target)
+        places.append((target, live[2] if live else None))
+        if live is None:
+            continue
+        for key in spec.rebind_keys:
+            mod = sys.modules.get(matrix.LAYOUTS[layout].get(key, ""))
+            if mod is not None and live[1] in mod.__dict__:
+                places.append((f"{mod.__name__}.{live[1]}", mod.__dict__[live[1]]))
+    return places
+
+
+def check_update_patched(layer_name: str, size: int) -> None:
+    """Refuse to capture a record nobody would update (the patch off, or a by-value name not rebound)."""
+    layout = _active_layout()
+    if layout is None:
+        raise AclGraphCaptureError(layer_name, size, "gptoss-patch is not applied in this process, so the captured "
+                                                     "lengths would never be updated")
+    places = update_entry_points(layout)
+    if not places:
+        raise AclGraphCaptureError(layer_name, size, f"layout {layout} declares no ACL-graph update patch")
+    for where, obj in places:
+        if not is_patched(obj):
+            raise AclGraphCaptureError(layer_name, size, f"{where} is not gptoss-patch's update wrapper (patch not "
+                                                         "applied or rebinding failed), so the captured lengths "
+                                                         "would never be updated")
+
+
+def is_patched(fn: Any) -> bool:
+    """True when ``fn`` is (or wraps, through wrapt proxies) our update wrapper.
+
+    Checked by identity of the wrapper function along the ``__wrapped__`` chain, so another library's wrapper
+    around ours still counts and a look-alike does not. Accepts a raw ``staticmethod`` too.
+    """
+    for _ in range(8):
+        if fn is None:
+            return False
+        if getattr(fn, "_self_wrapper", None) is _update_attn_params:
+            return True
+        fn = fn.__func__ if isinstance(fn, staticmethod) else getattr(fn, "__wrapped__", None)
+    return False
 
 
 _SUMMARY = ("FULL_DECODE_ONLY graphs re-issue GPT-OSS sink/window attention with each step's lengths, records "

@@ -5,7 +5,7 @@ Why
     (``vllm/attention/layer.py``: ``impl_cls(..., **extra_impl_args)``). vllm-ascend 0.11.0rc1 -
     0.14.0rc1 ``AscendAttentionBackendImpl.__init__`` ends with ``**kwargs`` and never reads it,
     so the sinks vanish and GPT-OSS attention silently computes a plain softmax
-    (upstream_targets.md §2, §4.1; vllm-ascend issue #4283).
+    (docs/upstream.md §7.1, §7.2; vllm-ascend issue #4283).
 How
     A wrapt wrapper around ``AscendAttentionBackendImpl.__init__`` pops ``sinks`` from the
     keyword arguments, calls the original, validates the tensor and stores the *same object* as
@@ -26,7 +26,7 @@ How
       (``reshape_and_cache``) and calls ``forward_impl``; we compute there (the cache is not written twice; in
       PrefillNoCache the fresh K/V are already in the cache, so attending over the cache is exact). Upstream's own
       eager sliding-window decode (``_forward_decode_only`` / ``_forward_fia_slidingwindow``) returns a new tensor
-      instead of writing the buffer vLLM reads (upstream_targets.md §4.1) - never reached for our layers.
+      instead of writing the buffer vLLM reads (docs/upstream.md §7.2) - never reached for our layers.
 Upstream releases
     vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (layouts B, C, E, F in :mod:`gptoss_patch.matrix`). 0.15.0rc1
     added the parameter natively (``sinks: torch.Tensor = None``); the structural check refuses a
@@ -50,7 +50,7 @@ def validate_sinks(sinks: Any, num_heads: int, where: str) -> Any:
         sinks: ``torch.Tensor``/``nn.Parameter`` of shape ``[num_heads]`` (query heads on this
             tensor-parallel rank), floating dtype (bf16 in the checkpoints; fp16/fp32 accepted).
             One logit per query head, unscaled, joined to the softmax denominator
-            (``npu_ops.md`` §3.3; transformers ``GptOssAttention``).
+            (``docs/operators.md`` §3.5; transformers ``GptOssAttention``).
         num_heads: query heads per rank the impl was built with.
         where: description of the layer for the error message.
 
@@ -108,10 +108,10 @@ def _forward_011(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     layer = bound["layer"]
     if not _routes_to_us(instance):
-        from gptoss_patch.patches import aclgraph
+        from gptoss_patch.patches import graph_capture
 
         # upstream's code; under a full-graph capture its paged-attention record gets this layer's name
-        return aclgraph.run_naming_upstream_records(lambda: getattr(layer, "layer_name", None),
+        return graph_capture.run_naming_upstream_records(lambda: getattr(layer, "layer_name", None),
                                                     lambda: wrapped(*args, **kwargs))
     evidence.first_use("attention", f"layer {getattr(layer, 'layer_name', '?')}")
     return sink_window_forward(instance, layer, bound["query"], bound["key"], bound["value"],
@@ -127,22 +127,22 @@ def _forward_impl(wrapped, instance, args, kwargs):
     """wrapt wrapper for ``AscendAttentionBackendImpl.forward_impl(query, key, value, kv_cache, attn_metadata,
     output)`` (vllm-ascend 0.12.0rc1 ... 0.14.0rc1).
 
-    Upstream's ``forward`` (called by vLLM's ``unified_attention_with_output`` op, upstream_targets.md §2) has
+    Upstream's ``forward`` (called by vLLM's ``unified_attention_with_output`` op, docs/upstream.md §7.1) has
     already returned zeros for ``attn_metadata is None``, written the new K/V into the paged cache
     (``reshape_and_cache``, which also sets ``impl.key_cache`` / ``impl.value_cache``) and taken the pooling branch;
     it then calls ``forward_impl`` and vLLM reads the ``output`` buffer afterwards (the return value is ignored).
     Layers with sinks or a window are computed here into ``output`` in every state
     (:func:`sink_window_attend`); the others run upstream's ``forward_impl`` unchanged (under a full-graph capture
-    their records are named by layer: :func:`gptoss_patch.patches.aclgraph.run_naming_upstream_records`).
+    their records are named by layer: :func:`gptoss_patch.patches.graph_capture.run_naming_upstream_records`).
 
     Shapes: ``query`` ``[T, N, D]``, ``key``/``value`` ``[T, KV_N, D]`` (the fresh tokens - already in the cache),
     ``output`` ``[T, N, D]``. Returns ``output``.
     """
     bound = _bind_forward_impl(*args, **kwargs)
-    from gptoss_patch.patches import aclgraph
+    from gptoss_patch.patches import graph_capture
 
     if not _routes_to_us(instance):
-        return aclgraph.run_naming_upstream_records(lambda: aclgraph.layer_name_of(instance),
+        return graph_capture.run_naming_upstream_records(lambda: graph_capture.layer_name_of(instance),
                                                     lambda: wrapped(*args, **kwargs))
     output = bound["output"]
     if output is None:
@@ -154,10 +154,10 @@ def _forward_impl(wrapped, instance, args, kwargs):
         out3 = output.view(-1, instance.num_heads, instance.head_size)
         out3.fill_(0)  # no KV cache (profiling): like upstream's attn_metadata-is-None branch
         return output
-    evidence.first_use("attention", f"layer {aclgraph.layer_name_of(instance)}")
+    evidence.first_use("attention", f"layer {graph_capture.layer_name_of(instance)}")
     if instance.key_cache is None:  # set by upstream's reshape_and_cache; not called when key/value are None
         instance.key_cache, instance.value_cache = kv_cache[0], kv_cache[1]
-    return sink_window_attend(instance, lambda: aclgraph.layer_name_of(instance), bound["query"], attn_metadata,
+    return sink_window_attend(instance, lambda: graph_capture.layer_name_of(instance), bound["query"], attn_metadata,
                               output)
 
 
@@ -176,7 +176,7 @@ def sink_window_forward(impl: Any, layer: Any, query: Any, key: Any, value: Any,
 
     Raises:
         NotImplementedError: encoder / cross attention (GPT-OSS is decoder-only), or int8 KV cache.
-        gptoss_patch.patches.aclgraph.AclGraphCaptureError: a full-graph capture of a batch that is not DecodeOnly.
+        gptoss_patch.patches.graph_capture.AclGraphCaptureError: a full-graph capture of a batch that is not DecodeOnly.
     """
     import torch
     import torch_npu
@@ -219,9 +219,9 @@ def sink_window_attend(impl: Any, layer_name: Any, query: Any, attn_metadata: An
     reads). A DecodeOnly batch padded to a graph size (fewer real tokens than rows) computes every row - padding rows
     are one-token sequences with KV length 0, i.e. zero rows - as the captured launch does, so eager and graph make
     the same launch and round identically. While a full ACL graph is being captured (FULL_DECODE_ONLY), the attention
-    is captured instead as one updatable task over all ``T`` rows (:func:`gptoss_patch.patches.aclgraph.capture_decode`).
+    is captured instead as one updatable task over all ``T`` rows (:func:`gptoss_patch.patches.graph_capture.capture_decode`).
 
-    Metadata fields read (present in ``AscendMetadata`` of every supported release, upstream_targets.md §3.1):
+    Metadata fields read (present in ``AscendMetadata`` of every supported release, docs/upstream.md §7.2):
     ``attn_state``, ``num_actual_tokens``, ``actual_seq_lengths_q`` (host list), ``seq_lens_list`` (host list),
     ``block_tables``. No device-to-host synchronisation.
 
@@ -236,18 +236,19 @@ def sink_window_attend(impl: Any, layer_name: Any, query: Any, attn_metadata: An
 
     Raises:
         NotImplementedError: encoder / cross attention, or int8 KV cache.
-        gptoss_patch.patches.aclgraph.AclGraphCaptureError: a full-graph capture of a batch that is not DecodeOnly.
+        gptoss_patch.patches.graph_capture.AclGraphCaptureError: a full-graph capture of a batch that is not DecodeOnly.
     """
     from gptoss_patch.kernels import attention as kernels
-    from gptoss_patch.patches import aclgraph
+    from gptoss_patch.patches import aclgraph, graph_capture
 
     _check_supported(impl, impl.key_cache)
     num_tokens = query.shape[0]
     n, d = impl.num_heads, impl.head_size
     q = query.view(-1, n, d)
     out3 = output.view(-1, n, d)
-    if aclgraph.capturing():  # FULL_DECODE_ONLY capture: one updatable launch over all T rows
-        aclgraph.capture_decode(impl, layer_name(), q, out3, attn_metadata)
+    if graph_capture.capturing():  # FULL_DECODE_ONLY capture: one updatable launch over all T rows
+        graph_capture.capture_decode(impl, layer_name(), q, out3, attn_metadata,
+                                     check_update=aclgraph.check_update_patched)
         return output
     # Host lists (no device sync).
     q_cu = attn_metadata.actual_seq_lengths_q

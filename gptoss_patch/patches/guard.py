@@ -38,6 +38,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from gptoss_patch.registry import PatchSpec
+
 
 class GptOssNotPatchedError(RuntimeError):
     """A GPT-OSS model was built on vllm-ascend without every GPT-OSS patch applied."""
@@ -110,7 +112,13 @@ def check(status: Any, include_pending: bool = True) -> None:
 
 
 def _allowed_unpatched() -> bool:
-    return os.environ.get("GPTOSS_PATCH_ALLOW_UNPATCHED", "").strip().lower() in ("1", "true", "yes", "on")
+    """``GPTOSS_PATCH_ALLOW_UNPATCHED`` is on; a malformed value is not (fail closed)."""
+    from gptoss_patch import config
+
+    try:
+        return config.flag(config.ALLOW_UNPATCHED)
+    except ValueError:
+        return False
 
 
 def _is_310p() -> bool:
@@ -303,23 +311,27 @@ def _guard_init(wrapped, instance, args, kwargs):
     build. If the build itself fails on an unpatched stack (vLLM >= 0.12 passes YaRN ``truncate=``, which vllm-ascend
     < 0.15 rejects with ``TypeError``), the guard's error is raised instead, chained to the original one.
     """
-    import gptoss_patch
+    from functools import partial
+
+    from gptoss_patch._state import status
+
+    current_status = partial(status, drift=False)  # the states only: no fingerprinting in every worker
 
     vllm_config = kwargs.get("vllm_config", args[0] if args else None)
-    check_capabilities(gptoss_patch.status(), vllm_config)
+    check_capabilities(current_status(), vllm_config)
     from gptoss_patch.patches import mxfp4
 
-    mxfp4.check_build(vllm_config, gptoss_patch.status())
+    mxfp4.check_build(vllm_config, current_status())
     check_checkpoint(vllm_config)
     try:
         result = wrapped(*args, **kwargs)
     except Exception as exc:
         try:
-            check(gptoss_patch.status(), include_pending=False)
+            check(current_status(), include_pending=False)
         except GptOssNotPatchedError as err:
             raise err from exc
         raise
-    status = gptoss_patch.status()
+    status = current_status()
     check(status)
     check_runs(instance, status)
     return result
@@ -328,3 +340,8 @@ def _guard_init(wrapped, instance, args, kwargs):
 #: The guard target (same in every supported vLLM release).
 TARGET_MODULE = "vllm.model_executor.models.gpt_oss"
 TARGET = f"{TARGET_MODULE}:GptOssForCausalLM.__init__"
+
+#: The guard's patch: armed by :func:`gptoss_patch._activation.activate` on every decision once vllm-ascend is
+#: installed (its own registry, apart from the layout's patches).
+PATCHES = [PatchSpec("guard.gpt_oss_model", "guard", _guard_init, params=("vllm_config",),
+                     summary="building GptOssForCausalLM checks that every GPT-OSS patch is applied")]

@@ -2,12 +2,12 @@
 
 Why
     GPT-OSS builds its experts as ``FusedMoE(..., has_bias=True, activation="swigluoai")`` (vLLM ``gpt_oss.py``
-    ``MLPBlock``; upstream_targets.md §5.2): the gate/up projection output is *interleaved* (gate = ``x[..., 0::2]``
+    ``MLPBlock``; docs/upstream.md §8.2): the gate/up projection output is *interleaved* (gate = ``x[..., 0::2]``
     clamped to max 7, up = ``x[..., 1::2]`` clamped to ±7, ``out = (up + 1) * gate * sigmoid(1.702 * gate)``), and
     ``w13_bias`` / ``w2_bias`` are added inside the two GEMMs. vllm-ascend 0.11.0rc1 ... 0.14.0rc1 swallow
     ``activation`` in ``AscendUnquantizedFusedMoEMethod.apply(**kwargs)``, never pass the biases, and
     ``unquant_apply_mlp`` always runs ``torch_npu.npu_swiglu`` (first half gate, second half up, no clamp, no +1)
-    (upstream_targets.md §4.2; vllm-ascend issue #4283). The server runs and the MoE output is wrong.
+    (docs/upstream.md §7.4; vllm-ascend issue #4283). The server runs and the MoE output is wrong.
 How
     Three ``wrapt`` wrappers and one per-call :class:`contextvars.ContextVar` carry ``(activation, w1_bias, w2_bias)``
     from the quant method to the expert MLP, through whichever communication method the forward context picked
@@ -29,7 +29,7 @@ How
       override the context set by ``apply``.
     * ``moe.apply_mlp`` (0.11.x signature) / ``moe.apply_mlp_012`` (0.12.0rc1 ... 0.14.0rc1: ``group_list`` before the
       scales, ``w1_offset``/``w2_offset``) wrap ``moe_mlp.unified_apply_mlp`` (also rebound in ``moe_comm_method``,
-      which imports it by value, upstream_targets.md §3.5): accept 0.15's ``activation=`` / ``w1_bias=`` /
+      which imports it by value, docs/upstream.md §7.5): accept 0.15's ``activation=`` / ``w1_bias=`` /
       ``w2_bias=`` keywords or read the context, and run :func:`gptoss_patch.kernels.moe.grouped_expert_mlp`:
       ``npu_grouped_matmul`` with
       ``bias=[w1_bias as float32]`` (for bf16), :func:`~gptoss_patch.kernels.moe.swigluoai` in plain torch (vLLM's
@@ -119,11 +119,6 @@ def _warn_unsupported(activation: str) -> None:
 
 
 _EXTRAS: contextvars.ContextVar[MoEExtras | None] = contextvars.ContextVar("gptoss_patch_moe_extras", default=None)
-
-
-def current_extras() -> MoEExtras | None:
-    """The :class:`MoEExtras` in force for the MoE call running in this context (``None`` outside one)."""
-    return _EXTRAS.get()
 
 
 @contextlib.contextmanager
@@ -256,7 +251,7 @@ def _fused_experts(wrapped, instance, args, kwargs):
 def _bind_mlp_011(hidden_states, w1, w1_scale, w2, w2_scale, group_list, dynamic_scale=None, group_list_type=1,
                   w1_scale_bias=None, w2_scale_bias=None, topk_scales=None, with_quant=False, fusion=False,
                   need_trans=True, dynamic_eplb=False):
-    """0.11.x ``unified_apply_mlp`` parameters (upstream_targets.md §3.3, layout B) -> the ones the patch uses."""
+    """0.11.x ``unified_apply_mlp`` parameters (docs/upstream.md §7.4, layout B) -> the ones the patch uses."""
     return {"hidden_states": hidden_states, "w1": w1, "w2": w2, "group_list": group_list,
             "group_list_type": group_list_type, "topk_scales": topk_scales, "with_quant": with_quant,
             "need_trans": need_trans}
@@ -266,7 +261,7 @@ def _bind_mlp_012(hidden_states, w1, w2, group_list, w1_scale=None, w2_scale=Non
                   group_list_type=1, w1_scale_bias=None, w2_scale_bias=None, w1_offset=None, w2_offset=None,
                   topk_scales=None, with_quant=False, fusion=False, need_trans=True, dynamic_eplb=False):
     """0.12.0rc1 ... 0.14.0rc1 ``unified_apply_mlp`` parameters (``group_list`` before the scales, ``w1_offset`` /
-    ``w2_offset`` added; upstream_targets.md §3.3, layouts C, E, F) -> the ones the patch uses."""
+    ``w2_offset`` added; docs/upstream.md §7.4, layouts C, E, F) -> the ones the patch uses."""
     return {"hidden_states": hidden_states, "w1": w1, "w2": w2, "group_list": group_list,
             "group_list_type": group_list_type, "topk_scales": topk_scales, "with_quant": with_quant,
             "need_trans": need_trans}

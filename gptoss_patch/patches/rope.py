@@ -8,7 +8,7 @@ Why
     enough to change greedy tokens. vLLM >= 0.12 passes ``truncate=`` to the rotary class, but
     vllm-ascend's ``AscendYaRNRotaryEmbedding.__init__`` (registered out-of-tree for
     ``YaRNScalingRotaryEmbedding``) has no such parameter until 0.15.0rc1, so model construction
-    fails with an unexpected keyword (upstream_targets.md §3.4, §5.1).
+    fails with an unexpected keyword (docs/upstream.md §7.6, §8.1).
 How
     A wrapt wrapper around ``AscendYaRNRotaryEmbedding.__init__`` pops ``truncate`` (vLLM >= 0.12);
     on vLLM 0.11, which does not pass it, it reads ``rope_scaling.truncate`` of a ``gpt_oss`` model
@@ -19,11 +19,11 @@ How
     in every release up to 0.14.0rc1. From 0.13.0rc1 the Ascend ``__init__`` also records the first rope's cache
     in the module global ``_cos_sin_cache``; the wrapper re-points it at the recomputed cache.
 Upstream releases
-    vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (vLLM 0.11.0 ... 0.14.1). 0.15.0rc1 accepts ``truncate`` but documents that the
-    real
-    truncate behaviour is "currently not supported" (upstream_targets.md §7.2).
+    vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (vLLM 0.11.0 ... 0.14.1). 0.15.0rc1 accepts ``truncate`` and hands it to
+    vLLM's YaRN, which honours it (its comment "current not support actual truncate" is out of date:
+    docs/upstream.md §4.9).
 Remove when
-    vllm-ascend's YaRN class honours ``truncate`` and the oldest supported release has it.
+    the oldest supported release is 0.15.0rc1 (its YaRN class honours ``truncate``).
 """
 
 from __future__ import annotations

@@ -3,15 +3,15 @@
 Why
     ``npu_grouped_matmul`` rejects a bf16/fp16 FRACTAL_NZ weight whose logical ``(k, n)`` are not multiples of 16
     (``ACLNN_ERR_PARAM_INVALID`` "When weight(...) format is FRACTAL_NZ, weight'shape(k, n) should be divisible by ...";
-    ``npu_ops.md`` §6, OTX-gmm ``TransWeightToNz``); ND weights have no such rule. After vllm-ascend's
+    ``docs/operators.md`` §4.2, OTX-gmm ``TransWeightToNz``); ND weights have no such rule. After vllm-ascend's
     ``process_weights_after_loading`` the experts are ``w13 (E, H, 2I)`` and ``w2 (E, I, H)``, so the per-rank
     intermediate size ``I`` must be a multiple of 16 (:mod:`gptoss_patch.kernels.padding`). gpt-oss-120b at TP 8 has
     ``I = 2880 / 8 = 360`` (TP 16: 180): the first MoE call fails on ``w2``'s ``k = 360``. Whether the bf16 experts are
-    NZ-cast depends on the release (upstream_targets.md §8, :data:`gptoss_patch.kernels.padding.NZ_RULES`):
+    NZ-cast depends on the release (docs/upstream.md §4.10, :data:`gptoss_patch.kernels.padding.NZ_RULES`):
     0.11.0rc1/rc2 and 0.12.0rc1 by default (``VLLM_ASCEND_ENABLE_NZ`` default 1); 0.11.0 only with eagle/eagle3
     speculative decoding (``is_enable_nz(dtype)`` returns the env value then, else False for fp16/bf16 - gpt-oss has
     Eagle3 drafts, so 120b at TP 8 with speculative decoding hits it); 0.13.0rc1+ with ``VLLM_ASCEND_ENABLE_NZ=2``.
-    vLLM's own ``_maybe_pad_weight`` pads only on ROCm (upstream_targets.md §4.2).
+    vLLM's own ``_maybe_pad_weight`` pads only on ROCm (docs/upstream.md §7.4).
 How
     One ``wrapt`` wrapper around the unquantised MoE method's ``process_weights_after_loading(layer)``. It runs *after*
     vLLM's loader has filled the parameters (vLLM 0.11 ... 0.14's BF16 GPT-OSS loader ``_load_weights_other`` copies
@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +61,7 @@ from typing import Any
 from gptoss_patch.registry import PatchSpec
 
 #: Environment variable choosing when to pad: ``auto`` (default), ``always``, ``never``.
-POLICY_ENV = "GPTOSS_PATCH_MOE_PAD"
+POLICY_ENV = "GPTOSS_PATCH_MOE_PAD"  # gptoss_patch.config.MOE_PAD
 AUTO, ALWAYS, NEVER = "auto", "always", "never"
 
 _log = logging.getLogger("gptoss_patch")
@@ -76,10 +75,9 @@ def pad_policy() -> str:
     Raises:
         ValueError: a value other than ``auto``, ``always``, ``never`` (case-insensitive).
     """
-    raw = os.environ.get(POLICY_ENV, "").strip().lower() or AUTO
-    if raw not in (AUTO, ALWAYS, NEVER):
-        raise ValueError(f"{POLICY_ENV}={os.environ.get(POLICY_ENV)!r} is not one of auto, always, never")
-    return raw
+    from gptoss_patch import config
+
+    return config.choice(config.MOE_PAD)
 
 
 def _on_310p(g: dict) -> bool | None:
@@ -97,7 +95,7 @@ def _on_310p(g: dict) -> bool | None:
 def upstream_nz_cast(wrapped: Any, dtype: Any, device: Any = None) -> bool | None:
     """Whether the running release's ``process_weights_after_loading`` will cast ``dtype`` expert weights to NZ.
 
-    Asks the functions that method calls itself, from its module's globals (upstream_targets.md §8):
+    Asks the functions that method calls itself, from its module's globals (docs/upstream.md §4.10):
 
     * 310P check: ``is_310p()`` (0.11.x) or ``get_ascend_device_type() == AscendDeviceType._310P`` (0.12.0rc1+);
       on a 310P nothing is cast;

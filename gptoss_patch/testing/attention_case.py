@@ -17,6 +17,8 @@ decode batch (:data:`DECODE_PADDING`), how vLLM calls the impl (:func:`forward_a
 
 from __future__ import annotations
 
+import contextlib
+import os
 import types
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -250,7 +252,7 @@ def calls_forward_with_trace_flag(layout: str) -> bool:
     """True when vLLM reaches ``impl.forward`` of ``layout`` through vllm-ascend 0.11's own custom op
     (``unified_ascend_attention_with_output`` -> ``forward(..., trace_flag=False)``); from 0.12.0rc1 on vLLM's
     ``unified_attention_with_output`` calls ``forward(..., output=, output_scale=, output_block_scale=)``
-    (upstream_targets.md §2). Read from the matrix: the layout patches the 0.11 ``forward``."""
+    (docs/upstream.md §7.1). Read from the matrix: the layout patches the 0.11 ``forward``."""
     from gptoss_patch import matrix
 
     return "attention_impl_forward_011" in matrix.LAYOUTS[layout]
@@ -296,3 +298,28 @@ def reference_output(case: Case, *, sinks: torch.Tensor, sliding_window: int | N
         outs.append(out[0])                                               # [n, N, D]
         start += n
     return torch.cat(outs)
+
+
+@contextlib.contextmanager
+def forced_path(path: str | None):
+    """Context manager: run with ``GPTOSS_PATCH_ATTENTION_PATH=path`` (None: unset), the process-wide choice reset.
+
+    The operator path is otherwise fixed once per process (:func:`gptoss_patch.kernels.attention.chosen_path`); tests and benchmarks use this
+    to exercise both paths in one process. Restores the variable and forgets the choice on exit.
+    """
+    from gptoss_patch.kernels import attention as kernels
+
+    old = os.environ.get("GPTOSS_PATCH_ATTENTION_PATH")
+    if path is None:
+        os.environ.pop("GPTOSS_PATCH_ATTENTION_PATH", None)
+    else:
+        os.environ["GPTOSS_PATCH_ATTENTION_PATH"] = path
+    kernels._path = None
+    try:
+        yield
+    finally:
+        kernels._path = None
+        if old is None:
+            os.environ.pop("GPTOSS_PATCH_ATTENTION_PATH", None)
+        else:
+            os.environ["GPTOSS_PATCH_ATTENTION_PATH"] = old

@@ -31,6 +31,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from gptoss_patch import config
+
 #: Max |logit_vllm − logit_reference| accepted, per model dtype. The main job runs vLLM in float32 (the
 #: simulator accepts float32 as a documented extension; the real fused operators take fp16/bf16), so the
 #: comparison with the float32 reference isolates the *logic* of every patched path: measured hidden-state
@@ -44,7 +46,7 @@ LOGIT_TOLERANCE = {"float32": 1e-3, "bfloat16": 3.0}
 #: Layouts whose vllm-ascend casts float32 MoE weights to FRACTAL_NZ, which no NZ grouped matmul accepts: 0.12.0rc1's
 #: ``AscendUnquantizedFusedMoEMethod.process_weights_after_loading`` (ops/fused_moe/fused_moe.py) casts w13/w2 to NZ
 #: whenever ``utils.is_enable_nz()`` (``VLLM_ASCEND_ENABLE_NZ``, default 1), whatever the dtype, and
-#: ``aclnnGroupedMatmulWeightNz`` has alignment rules for INT8/BF16/FP16/INT4 weights only (npu_ops.md §6; 0.11.x's
+#: ``aclnnGroupedMatmulWeightNz`` has alignment rules for INT8/BF16/FP16/INT4 weights only (docs/operators.md §4.2; 0.11.x's
 #: ``is_enable_nz(dtype)`` and 0.13.0's ``maybe_trans_nz`` leave float32 in ND: "fp32 can not support NZ"). The float32
 #: comparison run on these layouts sets vllm-ascend's own switch ``VLLM_ASCEND_ENABLE_NZ=0`` (reported in
 #: ``Report.environment``); bfloat16 runs keep the default, NZ and the MoE padding patch.
@@ -287,7 +289,8 @@ def print_report(report: Report) -> None:
 def main(argv: list[str] | None = None) -> int:
     """CLI; exit 0 when every token matches, 1 otherwise."""
     ap = argparse.ArgumentParser(prog="python -m gptoss_patch.testing.main_job", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job")
+    ap.add_argument("--workdir", type=Path,
+                    default=Path(config.path(config.CACHE_DIR, "/tmp/gptoss_patch-cache")) / "main-job")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])

@@ -2,7 +2,7 @@
 0.19.1rc1, each with its paired vLLM 0.15.0 / 0.16.0 / 0.17.0 / 0.18.0 / 0.19.1) on the simulator.
 
 vllm-ascend >= 0.15.0rc1 runs GPT-OSS without our attention patches and was validated on hardware (commit
-7221045777, PR #5901; ``shared/reference/upstream_targets.md`` §7). Running *its* code on the CPU NPU simulator and
+7221045777, PR #5901; ``docs/upstream.md`` §3). Running *its* code on the CPU NPU simulator and
 comparing with Hugging Face transformers calibrates the simulator and shows what each release computes. This module
 builds what that needs, the way vLLM and vllm-ascend do at run time. It branches on what the installed code has
 (``hasattr`` on vLLM's ``ForwardContext``), never on version strings (:func:`installed_release` names the release

@@ -16,7 +16,6 @@ Only ``vllm_ascend/**/*.py`` is extracted. Caveat: an sdist need not be what the
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -24,8 +23,10 @@ import urllib.request
 import zipfile
 from pathlib import Path
 
+from gptoss_patch import config
+
 #: Default cache of downloaded files and trees (``GPTOSS_PATCH_WHEEL_CACHE`` overrides).
-CACHE = Path(os.environ.get("GPTOSS_PATCH_WHEEL_CACHE", Path.home() / ".cache" / "gptoss-patch" / "wheels"))
+CACHE = Path(config.path(config.WHEEL_CACHE, str(Path.home() / ".cache" / "gptoss-patch" / "wheels")))
 
 
 def _index_url() -> str:

@@ -158,6 +158,25 @@ def worker_patch_report() -> dict[str, list[str]]:
     return {"applied": applied, "skipped": list(_skipped_worker_patches)}
 
 
+def importable_model_runner() -> None:
+    """Make ``vllm_ascend.worker.model_runner_v1`` importable in a cell venv (for tests that only import it).
+
+    Its import needs ``numba`` (vLLM's n-gram proposer), not installed beside the cell's CPU torch: a stub module
+    with the names it imports (decorators returning the function) stands in. It also runs vllm-ascend's worker patch
+    package, whose vision-model patches need ``torchvision`` in 0.12.0rc1 / 0.13.0: :func:`_adapt_worker_patches`.
+    Call it before importing the model runner, never in a process that runs the n-gram proposer.
+    """
+    import sys
+    import types
+
+    if "numba" not in sys.modules:
+        numba = types.ModuleType("numba")
+        numba.jit = numba.njit = lambda *a, **k: (a[0] if a and callable(a[0]) else (lambda f: f))
+        numba.prange, numba.get_num_threads, numba.set_num_threads = range, (lambda: 1), (lambda n: None)
+        sys.modules["numba"] = numba
+    _adapt_worker_patches()
+
+
 def _adapt_worker_patches() -> None:
     """``vllm_ascend.utils.adapt_patch()`` (``from vllm_ascend.patch import worker``), tolerating ``torchvision``
     (see :func:`import_worker_patches_without_torchvision`).

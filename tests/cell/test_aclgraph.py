@@ -54,7 +54,7 @@ def _layer_name(i: int) -> str:
 
 
 def runner_update(layout, update_stream, fc, size, cfg):
-    """The model runner's graph-parameter update after a FULL replay, per layout (upstream_targets.md §3.2):
+    """The model runner's graph-parameter update after a FULL replay, per layout (docs/upstream.md §7.3):
     ``NPUModelRunner._generate_process_reqs_hidden_states`` (0.11 - 0.13) / ``_model_forward`` (0.14.0rc1)."""
     from vllm_ascend.compilation import acl_graph
 
@@ -96,7 +96,7 @@ def batch_descriptor(size):
 # fixtures
 
 
-operator_path = kernels.forced_path
+operator_path = attention_case.forced_path
 
 
 @pytest.fixture()
@@ -432,10 +432,15 @@ def test_out_variant_equals_eager_kernel_on_padded_batch(path, window):
         ws = kernels.max_workspace(path, q, case.key_cache, case.value_cache, block_table=meta.block_tables,
                                    query_cu_lens=qc, kv_lens=kv, num_heads=N, num_kv_heads=KVN, scale=SCALE,
                                    sinks=sinks, sliding_window=window)
-        ret = kernels.sink_window_attention_out(q, case.key_cache, case.value_cache, block_table=meta.block_tables,
-                                                query_cu_lens=qc, kv_lens=kv, num_heads=N, num_kv_heads=KVN,
-                                                scale=SCALE, sinks=sinks, sliding_window=window, out=out,
-                                                softmax_lse=lse, workspace=ws)
+        # the launch capture_decode makes (and every update re-issues): paged views, fia_kwargs, one .out launch,
+        # the rescale after the group on the lse path
+        key, value, block_size = kernels.paged_views(case.key_cache, case.value_cache)
+        launch = kernels.fia_kwargs(path, block_table=meta.block_tables, block_size=block_size, query_cu_lens=qc,
+                                    kv_lens=kv, num_heads=N, num_kv_heads=KVN, scale=SCALE, sinks=sinks,
+                                    sliding_window=window, mask=kernels.causal_template(torch.int8, q.device))
+        ret = kernels.relaunch_out(path, launch, q, key, value, out=out, softmax_lse=lse, workspace=ws)
+        if path == "lse":
+            kernels.sink_rescale_(out, lse, sinks)
     assert ret is out
     assert torch.equal(out, eager)  # same launch: identical, padding rows included
     assert torch.equal(out[3:], torch.zeros(5, N, D))  # padding rows: KV length 0 -> zero rows
@@ -444,7 +449,7 @@ def test_out_variant_equals_eager_kernel_on_padded_batch(path, window):
 
 
 #: Operator path of a captured sink layer by default, per cell: the torch_npu each vllm-ascend release pins (matrix
-#: ``Row.torch_npu``: 2.7.1 / 2.8.0 are on op-plugin 7.2.0, whose captured v2 cannot be updated - npu_ops.md §3.2;
+#: ``Row.torch_npu``: 2.7.1 / 2.8.0 are on op-plugin 7.2.0, whose captured v2 cannot be updated - docs/operators.md §3.8;
 #: 2.9.0 is on 7.3.0, which can).
 DEFAULT_GRAPH_PATH = {"0.11.0": "lse", "0.12.0rc1": "lse", "0.13.0": "lse", "0.14.0rc1": "v2"}
 
@@ -616,7 +621,7 @@ def test_sink_window_attention_is_capture_safe(graph_env):
 
 MIXED = ["sliding", "full", "plain", "sliding", "full", "window", "plain"]
 
-#: Length of the tuple upstream records for a plain layer in a FULL_DECODE_ONLY capture (upstream_targets.md §3.2):
+#: Length of the tuple upstream records for a plain layer in a FULL_DECODE_ONLY capture (docs/upstream.md §7.3):
 #: 0.11 ``_forward_decode_only`` paged attention (9); 0.12.0rc1 ``full_graph_attention`` and 0.13+ ``full_graph_fia``
 #: FIA (13; 0.13+ take ``full_graph_pa``, 9, only for a size in ``additional_config.pa_shape_list``, not set here).
 UPSTREAM_RECORD_LEN = {"B": 9, "C": 13, "E": 13, "F": 13}
@@ -759,7 +764,6 @@ def test_forced_update_failures_name_layer_and_size(graph_env, monkeypatch):
 
     from gptoss_patch.patches.aclgraph import AclGraphUpdateError
 
-    ag = graph_env
     hz = Harness(["sliding", "plain", "full"], sizes=(4,))
     hz.capture()
     meta = hz.step_metadata([0, 1, 2], 4)
@@ -819,7 +823,7 @@ def test_capture_of_non_decode_batch_is_refused(graph_env):
 # the patch as activated: status, and the by-value name in the model runner
 
 
-#: Where each release's update must be our wrapper (upstream_targets.md §3.2, §3.5): the update function and every
+#: Where each release's update must be our wrapper (docs/upstream.md §7.3, §7.5): the update function and every
 #: module that imported it by value - 0.14.0rc1 dispatches through the impl class's staticmethod instead.
 _AG = "vllm_ascend.compilation.acl_graph:update_attn_params"
 _MR = "vllm_ascend.worker.model_runner_v1.update_attn_params"
@@ -840,16 +844,9 @@ def runner_child():
     from conftest import run_python
 
     code = textwrap.dedent("""
-        import json, sys, types
-        numba = types.ModuleType("numba")  # vLLM's n-gram proposer imports it; not installed in the cell venv
-        numba.jit = numba.njit = lambda *a, **k: (a[0] if a and callable(a[0]) else (lambda f: f))
-        numba.prange, numba.get_num_threads, numba.set_num_threads = range, (lambda: 1), (lambda n: None)
-        sys.modules["numba"] = numba
-        # model_runner_v1 imports vllm-ascend's worker patch package, whose vision-model patches need torchvision in
-        # 0.12.0rc1 / 0.13.0 (absent beside the cell's CPU torch): import the package as vllm_setup does, skipping
-        # only those statements
+        import json
         from gptoss_patch.testing import vllm_setup
-        vllm_setup._adapt_worker_patches()
+        vllm_setup.importable_model_runner()  # numba stub, worker patches without torchvision
         import vllm_ascend.worker.model_runner_v1 as mr
         import vllm_ascend.spec_decode.eagle_proposer
         import gptoss_patch
@@ -884,7 +881,7 @@ def runner_child():
 @pytest.mark.xdist_group("runner_child")  # one child run per worker: keep both on one
 def test_update_patch_applied_and_bound_in_model_runner(runner_child, layout):
     """The model runner calls the update through its own module global (0.11 - 0.13; also the 0.13 EAGLE proposer,
-    upstream_targets.md §3.5) or through the impl's staticmethod (0.14.0rc1): in a real start-up it is our wrapper
+    docs/upstream.md §7.5) or through the impl's staticmethod (0.14.0rc1): in a real start-up it is our wrapper
     everywhere the release calls it."""
     from gptoss_patch import matrix
 

@@ -12,13 +12,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptoss_patch.kernels import attention as kernels
+from gptoss_patch.testing import attention_case
 from gptoss_patch.testing.attention_case import build_case, forward_as_vllm, installed_layout, reference_output
 
 WINDOW = 128
 
 
-operator_path = kernels.forced_path
+operator_path = attention_case.forced_path
 
 
 _CONFIG = []
@@ -212,7 +212,7 @@ def test_new_tokens_written_to_the_cache_exactly_once():
 @pytest.mark.parametrize("seqs", [[(600, 1), (300, 1), (129, 1), (1000, 1)], [(520, 40), (700, 3), (0, 50), (300, 1)]],
                          ids=["DecodeOnly", "ChunkedPrefill"])
 def test_sliding_layer_never_reads_blocks_that_left_the_window(seqs, path):
-    """From vLLM 0.14 (vllm-ascend 0.14.0rc1 ``get_kv_cache_spec`` asks the layer, upstream_targets.md §5.5) a sliding
+    """From vLLM 0.14 (vllm-ascend 0.14.0rc1 ``get_kv_cache_spec`` asks the layer, docs/upstream.md §8.4) a sliding
     layer's KV cache is its own group (``SlidingWindowSpec``) whose ``SlidingWindowManager`` hands blocks that fell
     out of the window back to the pool and points their block-table entries at the shared null block
     (vllm/v1/core/single_type_kv_cache_manager.py ``remove_skipped_blocks``). Here every block whose keys are all

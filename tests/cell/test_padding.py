@@ -256,7 +256,7 @@ def test_patch_is_applied_to_the_release_method(mods, layout):
 @pytest.mark.parametrize("mode, eagle", [(0, False), (1, False), (2, False), (0, True), (1, True), (2, True)])
 def test_installed_wheel_nz_rule(configs, mods, rule, mode, eagle):
     """The wheel's own ``process_weights_after_loading`` NZ-casts bf16 experts exactly where
-    ``gptoss_patch.kernels.padding.NZ_RULES`` says for this release (upstream_targets.md §8), float32 experts never
+    ``gptoss_patch.kernels.padding.NZ_RULES`` says for this release (docs/upstream.md §4.10), float32 experts never
     except where ``is_enable_nz`` decides (0.11.x, 0.12.0rc1: float32 is cast exactly when bf16 is; 0.13.0+'s
     ``maybe_trans_nz`` keeps float32 in ND), and :func:`gptoss_patch.patches.weights.upstream_nz_cast` (what the
     padding decides on) gives the same answers. Aligned layer (I = 96), padding off."""

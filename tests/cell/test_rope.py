@@ -6,7 +6,7 @@ beta_fast 32, beta_slow 1, original_max_position_embeddings 4096[, truncate])`` 
 same arguments. The oracle is transformers 4.57's ``GptOssRotaryEmbedding`` (``_compute_yarn_parameters`` with
 ``truncate=False``: the YaRN correction range is not rounded) and its ``apply_rotary_pos_emb``.
 
-What differs per release (``upstream_targets.md`` §3.4, §5.1, §7.2): vLLM 0.11 never passes ``truncate`` and always
+What differs per release (``docs/upstream.md`` §7.6, §8.1, §4.9): vLLM 0.11 never passes ``truncate`` and always
 rounds; vLLM >= 0.12 passes ``truncate=False`` from the model's ``rope_parameters``, which vllm-ascend <= 0.14.0rc1's
 ``AscendYaRNRotaryEmbedding.__init__`` rejects (``TypeError`` at model construction) and whose parent call drops.
 vllm-ascend >= 0.13.0rc1 also records the first rope's cache in the module global ``_cos_sin_cache``.

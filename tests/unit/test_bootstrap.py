@@ -25,6 +25,18 @@ def test_pth_imports_nothing_heavy_at_start_up(bare_site):
     assert imported_heavy == []
 
 
+def test_configuration_module_is_read_only_when_a_variable_is_set(bare_site):
+    """The start-up flags go through gptoss_patch.config, imported only for a non-empty value: the common start-up
+    (nothing set) reads the environment and imports nothing of ours beyond the bootstrap."""
+    py, _ = bare_site
+    plain = _imported_at_start_up(py)
+    assert "gptoss_patch._bootstrap" in plain and not any(n.startswith("gptoss_patch.") and n != "gptoss_patch._bootstrap"
+                                                         for n in plain)
+    set_ = subprocess.run([str(py), "-X", "importtime", "-c", "pass"], capture_output=True, text=True,
+                          env=clean_env(GPTOSS_PATCH_FORCE="0"), timeout=60)
+    assert "gptoss_patch.config" in set_.stderr and set_.returncode == 0
+
+
 def test_finder_installed_and_waiting(bare_site):
     py, _ = bare_site
     proc = run(py, "import sys; print([type(f).__name__ for f in sys.meta_path])")

@@ -89,11 +89,42 @@ def test_names_imported_by_value_are_rebound_and_restored(pkg):
     reg = Registry([HELPER], LAYOUT)
     assert set(reg.target_modules()) == {"regpkg.target", "regpkg.user"}
     reg.on_import(target)
-    assert user.use(1) == 2  # still the by-value original
+    assert user.use(1) == 12  # the importer was already imported: rebound when the target is wrapped
     reg.on_import(user)
-    assert user.use(1) == 12
+    assert user.use(1) == 12 and user.helper is target.helper
     reg.remove_all()
     assert user.use(1) == 2 and target.helper(1) == 2
+
+
+def test_importer_hook_running_first_still_gets_rebound(pkg):
+    """Both modules imported before activation: wrapt runs each hook at registration, in the order of
+    ``target_modules()`` - the importer's may run before the target is wrapped (0.11's ``moe_comm_method`` is also
+    the target of ``moe.fused_experts``, so it comes first). Found by tests/cell/test_lifecycle.py."""
+    target = importlib.import_module("regpkg.target")
+    user = importlib.import_module("regpkg.user")
+    reg = Registry([HELPER], LAYOUT)
+    reg.on_import(user)  # nothing applied yet: nothing to rebind
+    assert user.use(1) == 2
+    reg.on_import(target)
+    assert user.use(1) == 12
+    reg.remove_all()
+    assert user.use(1) == 2 and user.helper is target.helper
+
+
+def test_an_importer_still_executing_is_left_to_its_own_hook(pkg):
+    """The importer is in sys.modules but has not bound the name yet (it is importing the target): nothing is set
+    on it early; its own hook rebinds it once it has run."""
+    import types
+
+    target = importlib.import_module("regpkg.target")
+    half = types.ModuleType("regpkg.user")
+    sys.modules["regpkg.user"] = half
+    reg = Registry([HELPER], LAYOUT)
+    reg.on_import(target)
+    assert "helper" not in half.__dict__
+    half.helper = reg._applied["t.plus_ten"].original  # its `from regpkg.target import helper` ran meanwhile
+    reg.on_import(half)
+    assert half.helper is target.helper and half.helper(1) == 12
 
 
 def test_runtime_structural_check_fails_without_half_applying(pkg):

@@ -1,8 +1,8 @@
 """Attention operators of the NPU simulator against independent references.
 
 Every expected value here comes from code in this file: a naive per-query, per-head float64 attention
-(``ref_attention``) whose allowed-key predicates are written straight from npu_ops.md §2.4 / §4, paged caches
-filled and read with explicit per-position loops (§1.4), and - for the sink and sliding-window math - Hugging
+(``ref_attention``) whose allowed-key predicates are written straight from docs/operators.md §3.3, §3.7, paged caches
+filled and read with explicit per-position loops (docs/operators.md §3.7), and - for the sink and sliding-window math - Hugging
 Face transformers' GPT-OSS ``eager_attention_forward`` with a mask built from transformers' own
 ``causal_mask_function`` / ``sliding_window_overlay``. Nothing is computed by the code under test.
 """
@@ -74,7 +74,7 @@ def ref_attention(q, k, v, scale, allowed, sink=None):
 
 
 def rule(mode, sq, skv, pre=INT_MAX, nxt=INT_MAX, mask=None):
-    """npu_ops.md §2.4 table, literally (mask: 2-D bool/int, 1 = masked)."""
+    """docs/operators.md §3.3 table, literally (mask: 2-D bool/int, 1 = masked)."""
     off = skv - sq
     if mode == "none":
         return lambda i, j: True

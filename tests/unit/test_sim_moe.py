@@ -1,7 +1,7 @@
 """The NPU simulator's MoE operators, FRACTAL_NZ label and _C_ascend ops against naive references.
 
 Every expected value is produced here by independent code - explicit per-expert / per-token / per-slot loops written
-from the documented formulas (npu_ops.md §5, §6), or transformers' GPT-OSS MLP - never by the operator under test.
+from the documented formulas (docs/operators.md §4, §4.2), or transformers' GPT-OSS MLP - never by the operator under test.
 """
 
 from __future__ import annotations

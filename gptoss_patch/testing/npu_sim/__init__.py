@@ -6,7 +6,7 @@
 torch_npu does at import), so that the real ``vllm`` and ``vllm_ascend`` import and vLLM's platform
 resolves to vllm-ascend's ``NPUPlatform``.
 
-Rules (``shared/reference/simulator_notes.md``, ``npu_ops.md`` §10b):
+Rules (``docs/simulator.md`` §3-§4, ``docs/operators.md`` §2):
 
 * Every emulated operator lives in :mod:`gptoss_patch.testing.npu_sim.ops` and implements the
   operator's documented semantics, with the source cited in its docstring.

@@ -1,7 +1,7 @@
 """The simulated ``torch.npu`` / ``torch_npu.npu`` device namespace: one NPU backed by host memory.
 
 Semantics follow torch_npu's Python API (Ascend/pytorch ``torch_npu/npu/__init__.py``,
-``streams.py``, ``utils.py``; ``shared/reference/npu_ops.md`` §8). Streams and events keep no
+``streams.py``, ``utils.py``; ``docs/simulator.md`` §2). Streams and events keep no
 real concurrency (CPU execution is synchronous) but keep their documented ordering rules, so
 misuse is still an error. The one exception is work an NPU graph replay leaves queued behind an
 ``ExternalEvent`` wait (``graph.py``): while a stream is blocked that way, ``synchronize``, ``query``,
@@ -17,13 +17,14 @@ vllm-ascend's mapping 220-225 → A2 (``vllm_ascend/utils.py`` ``init_ascend_soc
 
 from __future__ import annotations
 
-import os
 
 import contextlib
 import threading
 from typing import Any, Iterator
 
 from torch.overrides import TorchFunctionMode
+
+from gptoss_patch import config
 
 #: ACL SoC version of Ascend910B1 (torch_npu ``NpuVariables.h`` ``SocVersion::Ascend910B1``).
 SOC_VERSION = 220
@@ -36,12 +37,9 @@ SOC_NAME = "Ascend910B1"
 _SOC_OVERRIDE = {200: "Ascend310P3", 201: "Ascend310P1", 202: "Ascend310P2", 203: "Ascend310P3", 204: "Ascend310P4",
                  205: "Ascend310P5", 220: "Ascend910B1", 221: "Ascend910B2", 222: "Ascend910B2C", 223: "Ascend910B3",
                  224: "Ascend910B4", 225: "Ascend910B4-1"}
-if os.environ.get("GPTOSS_PATCH_SIM_SOC_VERSION"):
-    _raw = os.environ["GPTOSS_PATCH_SIM_SOC_VERSION"]
-    if not _raw.isdigit() or int(_raw) not in _SOC_OVERRIDE:
-        raise ValueError(f"GPTOSS_PATCH_SIM_SOC_VERSION={_raw!r}: use one of {sorted(_SOC_OVERRIDE)} "
-                         "(ACL SoC version numbers: 200-205 Atlas 310P, 220-225 Atlas A2)")
-    SOC_VERSION, SOC_NAME = int(_raw), _SOC_OVERRIDE[int(_raw)]
+if config.soc_version() is not None:  # ValueError for a number the table does not have
+    SOC_VERSION = config.soc_version()
+    SOC_NAME = _SOC_OVERRIDE[SOC_VERSION]
 
 #: Ordering hooks installed by ``graph.py`` (queued graph work behind an ExternalEvent); None until it is imported.
 _runtime: Any = None
@@ -313,7 +311,7 @@ def enter_device_mapping() -> None:
     ``t.to("npu")``, ``with torch.device("npu"):`` and ``t.npu()`` give CPU tensors. Implemented as a
     :class:`torch.overrides.TorchFunctionMode` pushed once at the bottom of the mode stack, so
     ``torch.device`` context managers (which push their own mode on top) are rewritten too
-    (``shared/reference/simulator_notes.md``). Torch function modes are thread-local: call this in
+    (``docs/simulator.md`` §2). Torch function modes are thread-local: call this in
     every thread that allocates on the simulated device.
     """
     global _mode, _PIN_MEMORY, _DEVICE

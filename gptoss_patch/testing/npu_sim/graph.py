@@ -1,6 +1,6 @@
 """Simulated NPU graph API: ``torch.npu.NPUGraph``, ``torch.npu.graph``, task groups, ``ExternalEvent``.
 
-Sources (tags of ``shared/reference/npu_ops.md`` §0/§7):
+Sources (tags of ``docs/operators.md`` §1, §6):
 
 * PT-graphs - Ascend/pytorch ``torch_npu/npu/graphs.py``: ``NPUGraph`` (``capture_begin(pool=None,
   capture_error_mode="global")``, ``capture_end``, ``replay``, ``reset``, ``pool``), the ``graph`` context manager
@@ -107,7 +107,7 @@ __all__ = [
 #: Arguments an operator reads on the host when it is launched; a graph keeps the values of capture (or update)
 #: time. FIA: ``SymInt[]`` lengths parsed on the host (OPY72 schema; PT-graphcpp parser). ATB attention: CPU tensors
 #: become ``hostData`` read by ``Setup`` at launch (OPC-atb); vllm-ascend passes ``seq_len``/``context_lens`` as
-#: host tensors (npu_ops.md §4.1-4.3). Operators may also declare ``fn._npu_sim_host_params = ("name", ...)``.
+#: host tensors (docs/operators.md §3.7). Operators may also declare ``fn._npu_sim_host_params = ("name", ...)``.
 HOST_PARAMS: dict[str, tuple[str, ...]] = {
     "npu_fused_infer_attention_score": ("actual_seq_lengths", "actual_seq_lengths_kv", "actual_shared_prefix_len"),
     "npu_fused_infer_attention_score_v2": ("actual_seq_qlen", "actual_seq_kvlen"),

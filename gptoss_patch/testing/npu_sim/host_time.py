@@ -15,7 +15,7 @@ Covered operators (each replaced on the simulated ``torch_npu`` module object fo
 look the operator up as ``torch_npu.X`` at call time, as vllm-ascend and gptoss-patch do, get the stub):
 
 * ``npu_fused_infer_attention_score`` / ``_v2`` (functional): ``(out, softmax_lse)`` with ``out`` of the
-  documented output shape for ``TND`` (``(T, N, Dv)``) and ``BSH`` (``(B, S, N*Dv)``) layouts (npu_ops.md §2.2),
+  documented output shape for ``TND`` (``(T, N, Dv)``) and ``BSH`` (``(B, S, N*Dv)``) layouts (docs/operators.md §3.7),
   ``softmax_lse`` ``(T, N, 1)`` float32 when requested, else the documented ``(1,)`` zero tensor. Other layouts
   raise :class:`~gptoss_patch.testing.npu_sim._base.NotEmulatedError`.
 * their ``.out`` overloads and the ``_get_max_workspace`` helpers: return the given buffers / a preallocated

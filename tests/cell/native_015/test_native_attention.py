@@ -8,7 +8,7 @@ they get the builder's ``swa_mask``, from 0.19.1rc1 on the ``attn_mask`` templat
 ``AscendAttentionBackendImpl.forward`` - sinks passed to
 ``npu_fused_infer_attention_score_v2(learnable_sink=...)`` in TND layout, full layers with ``sparse_mode=3``
 and the causal template ``attn_mask``, sliding layers with ``sparse_mode=4``, ``pre_tokens=sliding_window``,
-``next_tokens=0`` and the builder's ``swa_mask`` (upstream_targets.md §7.1) - runs here unmodified, fed by
+``next_tokens=0`` and the builder's ``swa_mask`` (docs/upstream.md §4.3) - runs here unmodified, fed by
 the release's own ``AscendAttentionMetadataBuilder.build``; the oracle is transformers' GPT-OSS
 ``eager_attention_forward`` with its ``causal_mask_function`` / ``sliding_window_causal_mask_function``
 (:func:`gptoss_patch.testing.attention_case.reference_output`).
@@ -124,7 +124,7 @@ def test_full_attention_layer_matches_transformers_float32(cfg, fia_calls, state
     Native call (attention_v1.py ``forward_fused_infer_attention``): ``sparse_mode=3``,
     ``atten_mask=attn_metadata.attn_mask`` (the builder's ``triu(ones(2048, 2048), 1).to(int8)``),
     ``pre_tokens=SWA_INT_MAX``, ``learnable_sink=self.sinks`` - the documented right-down causal rule
-    (npu_ops.md §2.4) plus the sink in the denominator (§3.3), which is exactly HF's causal mask with the sink
+    (docs/operators.md §3.3) plus the sink in the denominator (§3.3), which is exactly HF's causal mask with the sink
     column of ``eager_attention_forward``.
     """
     seqs = STATES[state]
@@ -215,13 +215,13 @@ def test_sliding_layer_mask_swa_mask_refused_by_the_simulator_where_the_real_op_
 
 @pytest.mark.parametrize("state", list(STATES))
 def test_sliding_layer_band_admits_129_keys_with_the_documented_template(cfg, fia_calls, state):
-    """Calibration finding 2: the TND band is 129 keys where GPT-OSS attends 128 (npu_ops.md §10.1).
+    """Calibration finding 2: the TND band is 129 keys where GPT-OSS attends 128 (docs/operators.md §3.4).
 
     Run the release's forward unmodified; up to 0.18.0 with the metadata's ``swa_mask`` replaced by its
     ``attn_mask`` - the documented template, i.e. exactly what upstream passes after PR #8387 (``sparse_mode=4``,
     ``pre_tokens=128``, ``next_tokens=0`` unchanged) - and on 0.19.1rc1 with its own metadata (it passes the
     template itself): the band is the same in every native release. By the documented band rule (OPD-fia2
-    ``sparse_mode`` 4, right-down anchored; npu_ops.md §2.4) query row ``i`` of a batch with ``off = Skv - Sq`` attends
+    ``sparse_mode`` 4, right-down anchored; docs/operators.md §3.3) query row ``i`` of a batch with ``off = Skv - Sq`` attends
     ``i + off - 128 <= j <= i + off``: 129 keys. transformers' ``sliding_window_causal_mask_function(128)``
     allows ``q - 128 < k <= q``: 128 keys (the reference model, vLLM's GPU backends with
     ``window_size=(127, 0)``, and 0.15's own BSH decode path ``_forward_fia_slidingwindow`` keep 128).
@@ -254,7 +254,7 @@ def test_sliding_layer_band_admits_129_keys_with_the_documented_template(cfg, fi
 def _sliding_window_null_blocks(context_len: int) -> list[int]:
     """Logical KV blocks that vLLM 0.15's scheduler has replaced by the null block when a request with
     ``context_len`` computed tokens decodes its next token: ``SlidingWindowManager`` (the KV-cache group of the
-    sliding layers, ``SlidingWindowSpec`` from vLLM's ``Attention.get_kv_cache_spec``, upstream_targets.md §5.5)
+    sliding layers, ``SlidingWindowSpec`` from vLLM's ``Attention.get_kv_cache_spec``, docs/upstream.md §8.4)
     as ``KVCacheManager.allocate_slots`` drives it - prefill allocation, then ``remove_skipped_blocks(
     total_computed_tokens)`` and the allocation for the new token."""
     from vllm.v1.core.block_pool import BlockPool

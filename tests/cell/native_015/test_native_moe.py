@@ -8,8 +8,8 @@ process_weights_after_loading``. The forward is upstream's: ``AscendFusedMoE.for
 ``AscendUnquantizedFusedMoEMethod.apply`` (``select_experts``) -> the comm method's ``fused_experts`` ->
 ``unified_apply_mlp`` -> ``unquant_apply_mlp(w1_bias, w2_bias, activation=...)`` with ``npu_grouped_matmul``
 (float32 biases), ``AscendSwigluOAIAndMul.swiglu_oai_forward`` (vLLM's interleaved, clamped
-``SwigluOAIAndMul.forward_native``) and the token dispatcher's routing/unpermute operators (upstream_targets.md
-§7.2). The oracle is transformers' ``GptOssMLP`` from ``GptOssForCausalLM.from_pretrained`` on the same checkpoint.
+``SwigluOAIAndMul.forward_native``) and the token dispatcher's routing/unpermute operators (docs/upstream.md
+§3). The oracle is transformers' ``GptOssMLP`` from ``GptOssForCausalLM.from_pretrained`` on the same checkpoint.
 
 The activation per release (read from the wheels): vLLM 0.15/0.16 hand ``FusedMoE.activation`` on as the string
 ``"swigluoai"``; vLLM >= 0.17 as the Enum ``MoEActivation.SWIGLUOAI`` (not a ``str`` subclass). vllm-ascend up to

@@ -1,7 +1,7 @@
 """Emulated torch_npu operators, by name (``OPS``), gathered from the per-family modules.
 
 Each operator implements its documented semantics (doc page cited in its docstring; see
-``shared/reference/npu_ops.md``), validates the documented limits and raises ``RuntimeError``
+``docs/operators.md``), validates the documented limits and raises ``RuntimeError``
 like the operator does. Anything not listed here is a ``NotEmulated`` sentinel on ``torch_npu``.
 
 Every operator in ``OPS`` (and its ``.out`` overload) is wrapped by

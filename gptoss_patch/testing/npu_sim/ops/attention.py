@@ -2,22 +2,22 @@
 
 The family
     vllm-ascend computes attention with two groups of torch_npu operators
-    (``shared/reference/npu_ops.md`` §2-§4, §12):
+    (``docs/operators.md`` §3, §3.7):
 
     * **FIA** - ``npu_fused_infer_attention_score`` (v1) and ``npu_fused_infer_attention_score_v2``
       (renamed arguments plus ``learnable_sink``), each with an ``.out`` overload used under NPU-graph
       capture and a ``_..._get_max_workspace`` helper. One operator dispatches to two CANN kernels: the
       *decode* kernel (IFA) when the layout is not TND and the query has one token per batch, else the
-      *prefill* kernel (PFA); TND always runs the prefill kernel (npu_ops.md §2.3; OTX-fiat ``IsUsingIFA``).
-      The kernel matters for masking: PFA obeys ``sparse_mode`` (geometry of §2.4), IFA ignores it but
+      *prefill* kernel (PFA); TND always runs the prefill kernel (docs/operators.md §3.2; OTX-fiat ``IsUsingIFA``).
+      The kernel matters for masking: PFA obeys ``sparse_mode`` (geometry of docs/operators.md §3.3), IFA ignores it but
       turns ``pre_tokens`` into a sliding window for BSH + paged KV (OTX-ifa ``slidingFlag_``).
     * **ATB** - ``_npu_flash_attention`` (packed prefill, explicit mask), ``_npu_flash_attention_qlens``
       (prefill over a paged prefix), ``_npu_paged_attention`` (+ ``_get_workspace``, decode) and
       ``_npu_reshape_and_cache`` (scatter new K/V into the paged cache). They return nothing and write into
       their ``out``/cache arguments (OPC-atb schemas).
 
-Reference computation (npu_ops.md §2.5, §3.3), per batch ``b``, query head ``n``, KV head
-``g = n // (Q_N / KV_N)`` (§1.2), allowed key set ``A(i)`` from the masking rules::
+Reference computation (docs/operators.md §3.1, §3.5), per batch ``b``, query head ``n``, KV head
+``g = n // (Q_N / KV_N)`` (docs/operators.md §3.1), allowed key set ``A(i)`` from the masking rules::
 
     s[i, j] = scale * <q[i, n], k[j, g]>                          (float32)
     m_i     = max_{j in A(i)} s[i, j]
@@ -25,7 +25,7 @@ Reference computation (npu_ops.md §2.5, §3.3), per batch ``b``, query head ``n
     out[i]  = sum_{j in A(i)} exp(s[i, j] - m_i) v[j, g] / (Z_i + [sink] exp(sink[n] - m_i))
     lse[i]  = m_i + ln Z_i
 
-Everything is computed in float32 and the output is cast to the query dtype (§1.7). Rows with no allowed
+Everything is computed in float32 and the output is cast to the query dtype (docs/operators.md §2). Rows with no allowed
 key (including KV length 0) are 0, their LSE is ``+inf``.
 
 Choices where the sources are silent or the simulator deliberately differs (each also stated where it applies):
@@ -34,7 +34,7 @@ Choices where the sources are silent or the simulator deliberately differs (each
   OPD-fia ``query``) so that tests can compare exactly against a float32/float64 reference. Set
   :data:`ACCEPT_FLOAT32` to ``False`` to get the real operator's dtype error.
 * **softmax_lse with a learnable sink excludes the sink term**: ``lse = m + ln(sum_{j in A} exp(s - m))``.
-  npu_ops.md §3.3 marks this UNVERIFIED; the PFA kernel source (OTX-pfa
+  docs/operators.md §3.5 marks this UNVERIFIED; the PFA kernel source (OTX-pfa
   ``prompt_flash_attention_s1s2_bns1_mla_baseapi.h``) writes the LSE from the softmax row sum in the
   vector-1 stage of the last KV loop, and only later, in ``Bmm2ResultDiv`` (vector-2 stage of the same
   loop), adds ``exp(sink - rowmax)`` to that sum before dividing. Consequently
@@ -265,7 +265,7 @@ def _is_causal_template(mask: torch.Tensor) -> bool:
 
 def _gather_paged(op: str, cache: torch.Tensor, table_row: torch.Tensor, length: int, block_size: int,
                   kvn: int, heads_major: bool, b: int) -> torch.Tensor:
-    """Logical KV rows ``0..length-1`` of one sequence as ``(length, KV_N, D)`` float32 (npu_ops.md §1.4).
+    """Logical KV rows ``0..length-1`` of one sequence as ``(length, KV_N, D)`` float32 (docs/operators.md §3.7).
 
     ``heads_major``: cache is ``(num_blocks, KV_N, block_size, D)``; else ``(num_blocks, block_size, KV_N*D)``
     or ``(num_blocks, block_size, KV_N, D)``.
@@ -747,7 +747,7 @@ def _fia_prepare(a: _Fia) -> _Plan:  # noqa: C901 - one validation routine per d
 
 
 def _allowed(p: _Plan, j: _Job) -> Optional[torch.Tensor]:
-    """The allowed set of one batch (npu_ops.md §2.4), or None for "every key"."""
+    """The allowed set of one batch (docs/operators.md §3.3), or None for "every key"."""
     a, sq, skv, mask = p.a, j.sq, j.skv, p.mask
     if p.ifa:
         allowed = None
@@ -901,27 +901,27 @@ def npu_fused_infer_attention_score(query, key, value, **kwargs):
          sparse_mode=0, inner_precise=0, block_size=0, antiquant_mode=0, key_antiquant_mode=0,
          value_antiquant_mode=0, softmax_lse_flag=False) -> (attention_out, softmax_lse)
 
-    Shapes (npu_ops.md §2.2; ``N = num_heads``, ``KV_N = num_key_value_heads or N``):
+    Shapes (docs/operators.md §3.7; ``N = num_heads``, ``KV_N = num_key_value_heads or N``):
 
     * ``TND``: query ``(T, N, D)``; key/value ``(T_kv, KV_N, D|Dv)`` or a paged cache; out ``(T, N, Dv)``.
       ``actual_seq_lengths`` is cumulative (``T`` must equal its last element); ``actual_seq_lengths_kv``
-      is cumulative without ``block_table`` (``T_kv`` = its last element) and per-sequence with it (§1.3).
+      is cumulative without ``block_table`` (``T_kv`` = its last element) and per-sequence with it (docs/operators.md §3.7).
     * ``BSH`` ``(B, S, N*D)``, ``BSND`` ``(B, S, N, D)``, ``BNSD`` ``(B, N, S, D)``, ``BNSD_BSND``
       (BNSD in, BSND out, Q_S > 1): lengths per batch (one entry broadcasts, longer lists are truncated).
     * Paged KV (``block_table`` int32 ``(B, >= max_blocks)``, ``block_size``): cache
       ``(num_blocks, block_size, KV_N*D)`` for every layout, or ``(num_blocks, KV_N, block_size, D)`` for
       BNSD/TND; logical position ``p`` of batch ``b`` is ``cache[block_table[b, p // block_size], p % block_size]``
-      (§1.4). ``input_layout`` of key/value is then ignored.
+      (docs/operators.md §3.7). ``input_layout`` of key/value is then ignored.
     * ``softmax_lse``: float32 ``(T, N, 1)`` for TND or ``(B, N, S, 1)`` when ``softmax_lse_flag``; else a
       float32 ``(1,)`` zero tensor (OPD-fia return values).
 
-    Semantics: TND, or Q_S > 1, runs the prefill kernel with the ``sparse_mode`` geometry of §2.4 (0: all keys,
+    Semantics: TND, or Q_S > 1, runs the prefill kernel with the ``sparse_mode`` geometry of docs/operators.md §3.3 (0: all keys,
     or mask + top-left ``i-pre <= j <= i+next``; 1: full mask; 2: ``j <= i``; 3: ``j <= i + Skv - Sq``;
     4: ``i + off - pre <= j <= i + off + next`` with ``off = Skv - Sq``, so ``pre_tokens=128`` admits 129
     keys); Q_S = 1 in BSH/BSND/BNSD runs the decode kernel, which ignores ``sparse_mode`` and, for BSH + paged
     3-D cache + ``pre_tokens > 0``, keeps only the last ``pre_tokens`` keys (OTX-ifa ``slidingFlag_``,
-    ``startPosition = curActualSeqLen - windowSize``). GQA: head ``n`` uses KV head ``n // (N/KV_N)`` (§1.2).
-    Computed in float32, returned in the query dtype; KV length 0 or no allowed key -> zero row (§1.3, §2.4).
+    ``startPosition = curActualSeqLen - windowSize``). GQA: head ``n`` uses KV head ``n // (N/KV_N)`` (docs/operators.md §3.1).
+    Computed in float32, returned in the query dtype; KV length 0 or no allowed key -> zero row (docs/operators.md §3.3, §3.7).
 
     Dtypes: query/key/value float16 or bfloat16, all equal (float32 accepted as a simulator extension, see
     :data:`ACCEPT_FLOAT32`); ``atten_mask`` bool/int8/uint8 (1 = masked).
@@ -938,7 +938,7 @@ def npu_fused_infer_attention_score(query, key, value, **kwargs):
             blocks, out-of-range block ids).
         NotEmulatedError: quantisation, pse, rope, shared-prefix or padding-size arguments, NTD-style layouts.
 
-    Sources: OPD-fia (parameters, constraints, return values); OPY72 (schema); npu_ops.md §1, §2; OTX-fiat
+    Sources: OPD-fia (parameters, constraints, return values); OPY72 (schema); docs/operators.md §3.7, §3; OTX-fiat
     ``IsUsingIFA``; OTX-pfa ``GetS2LoopRange`` BAND offsets; OTX-ifa sliding window.
     """
     return _fia_functional(_v1_args(query, key, value, **kwargs))
@@ -958,7 +958,7 @@ def _v1_out(query, key, value, *, workspace=None, out=None, attention_out=None, 
         RuntimeError: as the functional form, or a wrong ``out`` buffer shape/dtype.
         NotEmulatedError: as the functional form.
 
-    Sources: OPY72 ``npu_fused_infer_attention_score.out`` schema; npu_ops.md §2.1.
+    Sources: OPY72 ``npu_fused_infer_attention_score.out`` schema; docs/operators.md §3.7.
     """
     return _fia_out(_v1_args(query, key, value, **kwargs), workspace, out, attention_out, softmax_lse)
 
@@ -973,7 +973,7 @@ def _npu_fused_infer_attention_score_get_max_workspace(query, key, value, **kwar
     Raises:
         RuntimeError / NotEmulatedError: as :func:`npu_fused_infer_attention_score`.
 
-    Sources: OPY72 schema; npu_ops.md §2.1, §7 (graph capture).
+    Sources: OPY72 schema; docs/operators.md §3.7, §6 (graph capture).
     """
     return _workspace(_v1_args(query, key, value, **kwargs))
 
@@ -990,12 +990,12 @@ def npu_fused_infer_attention_score_v2(query, key, value, **kwargs):
          query_quant_mode=0, key_quant_mode=0, value_quant_mode=0, inner_precise=0, return_softmax_lse=False,
          <*_dtype reserved>=None, quant_scale_p=None, out_dtype=None) -> (attention_out, softmax_lse)
 
-    Renames (npu_ops.md §3.1): ``num_heads -> num_query_heads``, ``scale -> softmax_scale``,
+    Renames (docs/operators.md §3.7): ``num_heads -> num_query_heads``, ``scale -> softmax_scale``,
     ``actual_seq_lengths -> actual_seq_qlen``, ``actual_seq_lengths_kv -> actual_seq_kvlen``,
     ``softmax_lse_flag -> return_softmax_lse``. Shapes, layouts, lengths and masking are those of
     :func:`npu_fused_infer_attention_score`.
 
-    ``learnable_sink`` (npu_ops.md §3.3): bfloat16 ``(Q_N,)`` (float32 accepted as a simulator extension),
+    ``learnable_sink`` (docs/operators.md §3.5): bfloat16 ``(Q_N,)`` (float32 accepted as a simulator extension),
     one unscaled logit per query head added to the softmax denominator only:
     ``out_i = sum_j e^{s_ij - m} v_j / (sum_j e^{s_ij - m} + e^{sink_n - m})``, ``m`` = max of the real scores.
     Only input_layout TND (NTD_TND is not emulated) with value D in {64, 128}. The returned ``softmax_lse``
@@ -1038,7 +1038,7 @@ def _npu_fused_infer_attention_score_v2_get_max_workspace(query, key, value, **k
     Raises:
         RuntimeError / NotEmulatedError: as :func:`npu_fused_infer_attention_score_v2`.
 
-    Sources: OPY72 schema; npu_ops.md §3.1.
+    Sources: OPY72 schema; docs/operators.md §3.7.
     """
     return _workspace(_v2_args(query, key, value, **kwargs))
 
@@ -1129,7 +1129,7 @@ def _atb_block_table(op: str, block_table: Any, bsz: int, lens: list[int], block
 
 def _atb_mask(op: str, mask: torch.Tensor, qdtype: torch.dtype, bsz: int,
               lens_q: list[int], lens_kv: list[int]) -> Callable[[int, int, int], tuple]:
-    """ATB NORM mask (npu_ops.md §4.1) -> per-batch ``(allowed, bias)``.
+    """ATB NORM mask (docs/operators.md §3.7) -> per-batch ``(allowed, bias)``.
 
     fp16 (and float32, simulator extension) masks are additive (``-inf``/``-10000`` = masked); bf16, int8,
     uint8 and bool masks are boolean (nonzero = masked) (HIA-mask; VA@v0.11.0 ``_generate_attn_mask``).
@@ -1197,7 +1197,7 @@ def _npu_flash_attention(query, key, value, mask, seq_len, scale_value, num_head
             ``num_heads`` not a multiple of ``num_kv_heads``, ``sum(seq_len)`` > T, mask too small.
 
     Sources: OPC-atb ``SelfAttentionAtb.cpp`` (``PA_ENCODER``, ``MASK_TYPE_NORM``, BSND);
-    OPT-test_atb_flash_attention.py golden (``score + mask[:, :q_s, :kv_s]``); npu_ops.md §4.1.
+    OPT-test_atb_flash_attention.py golden (``score + mask[:, :q_s, :kv_s]``); docs/operators.md §3.7.
     """
     op = "_npu_flash_attention"
     for name, t in (("query", query), ("key", key), ("value", value), ("out", out)):
@@ -1251,7 +1251,7 @@ def _npu_flash_attention_qlens(query, key_cache, value_cache, block_table, mask,
         out: ``(Tq, N, Dv)`` query dtype; rows beyond ``sum(seq_len)`` are left untouched.
 
     Semantics: right-down causal, query row ``i`` of sequence ``b`` attends KV positions
-    ``j <= i + context_lens[b] - seq_len[b]``, K/V read through the block table (npu_ops.md §1.4, §4.2).
+    ``j <= i + context_lens[b] - seq_len[b]``, K/V read through the block table (docs/operators.md §3.7).
     Returns ``None``.
 
     Raises:
@@ -1342,7 +1342,7 @@ def _npu_paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads,
             block-table columns, out-of-range block ids.
 
     Sources: OPC-atb ``PagedAttentionAtb.cpp`` (``maskType=UNDEFINED``); OPT-test_atb_paged_attention.py
-    ``ref_attention_impl``; npu_ops.md §4.3.
+    ``ref_attention_impl``; docs/operators.md §3.7.
     """
     op = "_npu_paged_attention"
     if workspace is not None and not isinstance(workspace, torch.Tensor):
@@ -1371,7 +1371,7 @@ def _npu_paged_attention_get_workspace(query, key_cache, value_cache, num_kv_hea
     Raises:
         RuntimeError: as :func:`_npu_paged_attention`.
 
-    Sources: OPC-atb ``PagedAttentionAtb.cpp`` ``_npu_paged_attention_get_workspace``; npu_ops.md §4.3.
+    Sources: OPC-atb ``PagedAttentionAtb.cpp`` ``_npu_paged_attention_get_workspace``; docs/operators.md §3.7.
     """
     _paged_decode_checks("_npu_paged_attention_get_workspace", query, key_cache, value_cache, num_kv_heads,
                          num_heads, block_table, context_lens, out)
@@ -1401,7 +1401,7 @@ def _npu_reshape_and_cache(key, value, key_cache, value_cache, slot_indices):
     on the device and any later read of the slot poisons what is computed from it instead of passing silently.
 
     Sources: OPC-atb ``ReshapeAndCachAtb.cpp``; OPT-test_atb_reshape_and_cache.py ``cal_nd``; ATB
-    ReshapeAndCacheOperation doc (hiascend canncommercial 80RC3 ascendtb_01_0089); npu_ops.md §4.4.
+    ReshapeAndCacheOperation doc (hiascend canncommercial 80RC3 ascendtb_01_0089); docs/operators.md §3.7.
     """
     op = "_npu_reshape_and_cache"
     for name, t in (("key", key), ("value", value), ("key_cache", key_cache), ("value_cache", value_cache),

@@ -2,7 +2,7 @@
 
 The family
 ==========
-vllm-ascend's MoE layer is a pipeline of fused NPU operators (``shared/reference/npu_ops.md`` §5, §6, §10b):
+vllm-ascend's MoE layer is a pipeline of fused NPU operators (``docs/operators.md`` §4, §4.2, §2):
 
 1. **gating** - ``npu_moe_gating_top_k_softmax`` (0.11.x, GPT-OSS path) or ``npu_moe_gating_top_k`` /
    ``torch.ops._C_ascend.moe_gating_top_k`` (0.13+): router logits -> top-k weights and expert ids;
@@ -14,8 +14,8 @@ vllm-ascend's MoE layer is a pipeline of fused NPU operators (``shared/reference
 4. **combine** - ``npu_moe_token_unpermute`` (or ``npu_moe_finalize_routing``, torchair path): gather the rows back
    per token and sum them weighted by the routing probabilities.
 
-Emulation rules (``npu_ops.md`` §10b, ``simulator_notes.md``): each operator follows the documented semantics (the
-docstring names the source tag of ``npu_ops.md`` §0), computes in float32 and casts to the documented output
+Emulation rules (``docs/operators.md`` §2, ``docs/simulator.md`` §4): each operator follows the documented semantics (the
+docstring names the source tag of ``docs/operators.md`` §1), computes in float32 and casts to the documented output
 dtype, validates the documented limits vllm-ascend could violate and raises ``RuntimeError`` worded like the
 operator's own check. Output memory the device leaves **uninitialised** is poisoned (NaN for floating outputs,
 ``INT_MIN`` for integer outputs), so code that reads it shows up in tests. Paths without CPU semantics here
@@ -107,7 +107,7 @@ def _poison_like_float(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# FRACTAL_NZ format label (npu_ops.md §6)
+# FRACTAL_NZ format label (docs/operators.md §4.2)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -177,7 +177,7 @@ def get_npu_format(t: torch.Tensor) -> int:
     Raises:
         TypeError: ``t`` is not a tensor.
 
-    Source: OPD-fmt (``get_npu_format`` reads the storage's ``npu_desc_``); npu_ops.md §6 "emulator advice".
+    Source: OPD-fmt (``get_npu_format`` reads the storage's ``npu_desc_``); docs/operators.md §4.2 "emulator advice".
     """
     return _FORMATS.get(t)
 
@@ -200,7 +200,7 @@ def npu_format_cast(input: torch.Tensor, acl_format: Any, customize_dtype: Any =
     Raises:
         NotEmulatedError: another format, or ``customize_dtype`` given.
 
-    Source: OPD-fmt (``npu_format_cast(input, acl_format, customize_dtype=None)``); npu_ops.md §6.
+    Source: OPD-fmt (``npu_format_cast(input, acl_format, customize_dtype=None)``); docs/operators.md §4.2.
     """
     fmt = _format_value(acl_format)
     if customize_dtype is not None:
@@ -241,7 +241,7 @@ def npu_format_cast_(input: torch.Tensor, src: Any, customize_dtype: Any = None)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# npu_grouped_matmul (npu_ops.md §5.1, §6)
+# npu_grouped_matmul (docs/operators.md §4.1, §4.2)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -370,13 +370,13 @@ def npu_grouped_matmul(
             dtype[DT_FLOAT]."``); bias/group_list shape or length mismatches; ``group_list_type=2`` (int8 only);
             K of x and weight differ; a last dim >= 65536 (``InnerLimit``); transposed x; an NZ weight whose
             ``k`` or ``n`` is not a multiple of 16 (bf16/fp16) or any NZ fp32 weight (OTX-gmm ``TransWeightToNz``,
-            npu_ops.md §6); ``group_list`` not monotone / covering more rows than x (simulator guard).
+            docs/operators.md §4.2); ``group_list`` not monotone / covering more rows than x (simulator guard).
         NotEmulatedError: quantisation / activation arguments, ``group_type=2`` (K grouping), int8/int4 inputs,
             ``split_item`` 0/1 with ``group_list_type=1``.
 
     Source: OPD-gmm; OPY72 schema; OPC-gmm (``check_dims``, output allocation, NZ dispatch on ``weight[0]``);
     OTX-gmm ``CheckOptionalTensorList``, ``CheckNonQuantMatmulDataType``, ``CheckGroupListCommonTensor``,
-    ``TransWeightToNzCheckAlign``; npu_ops.md §5.1, §6.
+    ``TransWeightToNzCheckAlign``; docs/operators.md §4.1, §4.2.
     """
     if not isinstance(x, (list, tuple)) or not isinstance(weight, (list, tuple)):
         raise TypeError("npu_grouped_matmul: x and weight must be lists of tensors")
@@ -569,7 +569,7 @@ def npu_grouped_matmul(
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# npu_swiglu (npu_ops.md §5.2)
+# npu_swiglu (docs/operators.md §4.3)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -589,7 +589,7 @@ def npu_swiglu(input: torch.Tensor, dim: int = -1) -> torch.Tensor:  # noqa: A00
     Raises:
         RuntimeError: unsupported dtype, or odd size along ``dim``.
 
-    Source: OPD-swiglu; OPY72 ``npu_swiglu(Tensor self, int dim=-1)``; npu_ops.md §5.2.
+    Source: OPD-swiglu; OPY72 ``npu_swiglu(Tensor self, int dim=-1)``; docs/operators.md §4.3.
     """
     if input.dtype not in _FLOAT_DTYPES:
         raise RuntimeError(f"npu_swiglu: input dtype must be float16, bfloat16 or float32, got {input.dtype}")
@@ -601,7 +601,7 @@ def npu_swiglu(input: torch.Tensor, dim: int = -1) -> torch.Tensor:  # noqa: A00
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# gating (npu_ops.md §5.6, §5.7)
+# gating (docs/operators.md §4.3)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -621,14 +621,14 @@ def npu_moe_gating_top_k_softmax(
         rows, leading dims flattened).
 
     Order within the top-k: **descending** probability, ties broken by the lower expert id. UNVERIFIED on hardware:
-    the documentation does not state the order (npu_ops.md §5.6, §11); it follows op-plugin's golden test
+    the documentation does not state the order (docs/operators.md §4.3); it follows op-plugin's golden test
     (OPT-test_npu_moe_gating_top_k_softmax.py: ``argsort(-softmax, kind='stable')[:, :k]``, compared exactly with
     the device output). vllm-ascend renormalises the weights itself, which is order-independent.
 
     Raises:
         RuntimeError: wrong rank/dtype, ``k`` out of range, ``finished`` of the wrong shape/dtype.
 
-    Source: OPD-gts; OTX-moe moe_gating_top_k_softmax README; OPMETA shapes; npu_ops.md §5.6.
+    Source: OPD-gts; OTX-moe moe_gating_top_k_softmax README; OPMETA shapes; docs/operators.md §4.3.
     """
     if x.dim() not in (2, 3):
         raise RuntimeError(f"npu_moe_gating_top_k_softmax: the x shape support only 2d and 3d, got {x.dim()}d")
@@ -748,7 +748,7 @@ def npu_moe_gating_top_k(
 
     The per-product limits of older documentation (A2/A3: ``E == 256``, ``k_group == 4``, bias required) are not
     enforced. Source: OPD-gtk (equivalent code: norm_type 0 = softmax, 1 = sigmoid; division only for sigmoid);
-    OPY72 schema; OPMETA; aclnnMoeGatingTopK doc (CANN 8.5); npu_ops.md §5.7.
+    OPY72 schema; OPMETA; aclnnMoeGatingTopK doc (CANN 8.5); docs/operators.md §4.3.
     """
     return _gating_top_k(x, k, bias, k_group, group_count, group_select_mode, renorm, norm_type, out_flag,
                          routed_scaling_factor, eps, op="npu_moe_gating_top_k", allowed_renorm=(0,))
@@ -772,14 +772,14 @@ def c_ascend_moe_gating_top_k(
 
     Source: VA@v0.13.0 csrc/torch_binding.cpp (schema), csrc/moe_gating_top_k/op_host/moe_gating_top_k_tiling.cpp
     (``RENORM_NO = 0``, ``RENORM_L1 = 1``, checks), csrc/torch_binding_meta.cpp (shapes/dtypes);
-    VA@v0.13.0 ops/fused_moe/experts_selector.py (call site); npu_ops.md §5.7.
+    VA@v0.13.0 ops/fused_moe/experts_selector.py (call site); docs/operators.md §4.3.
     """
     return _gating_top_k(x, k, bias_opt, k_group, group_count, group_select_mode, renorm, norm_type, out_flag,
                          routed_scaling_factor, eps, op="moe_gating_top_k", allowed_renorm=(0, 1))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# dispatch: init routing (npu_ops.md §5.3, §5.4)
+# dispatch: init routing (docs/operators.md §4.3)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -807,7 +807,7 @@ def npu_moe_init_routing(
     Raises:
         RuntimeError: wrong ranks, shapes or dtypes.
 
-    Source: OPD-mir (formula and equivalent code); OTX-moe moe_init_routing README; npu_ops.md §5.3.
+    Source: OPD-mir (formula and equivalent code); OTX-moe moe_init_routing README; docs/operators.md §4.3.
     """
     op = "npu_moe_init_routing"
     if x.dim() != 2:
@@ -965,7 +965,7 @@ def npu_moe_init_routing_v2(
         NotEmulatedError: ``quant_mode != -1``, ``drop_pad_mode != 0``, int8 ``x``.
         RuntimeError: wrong ranks/dtypes, a bad ``active_expert_range``, ``expert_num`` missing.
 
-    Source: OPD-mir2 (formulas, equivalent code, return values); OPY72 schema; OPMETA; npu_ops.md §5.4.
+    Source: OPD-mir2 (formulas, equivalent code, return values); OPY72 schema; OPMETA; docs/operators.md §4.3.
     """
     return _init_routing_v2("npu_moe_init_routing_v2", x, expert_idx, scale, offset, active_num, expert_capacity,
                             expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode,
@@ -983,7 +983,7 @@ def c_ascend_npu_moe_init_routing_custom(
     Same semantics, arguments, returns and errors as :func:`npu_moe_init_routing_v2` (its schema is a copy of v2's,
     including ``quant_mode=0`` as the default). Source: VA@v0.13.0 csrc/torch_binding.cpp (schema),
     csrc/torch_binding_meta.cpp ``npu_moe_init_routing_custom_meta`` (shapes), VA@v0.13.0
-    ops/fused_moe/token_dispatcher.py (call site); npu_ops.md §5.4.
+    ops/fused_moe/token_dispatcher.py (call site); docs/operators.md §4.3.
     """
     return _init_routing_v2("npu_moe_init_routing_custom", x, expert_idx, scale, offset, active_num, expert_capacity,
                             expert_num, drop_pad_mode, expert_tokens_num_type, expert_tokens_num_flag, quant_mode,
@@ -1028,7 +1028,7 @@ def npu_moe_compute_expert_tokens(sorted_expert_for_source_row: torch.Tensor, nu
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# combine (npu_ops.md §5.5, §5.8)
+# combine (docs/operators.md §4.3)
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -1059,7 +1059,7 @@ def npu_moe_finalize_routing(
     Raises:
         RuntimeError: shape/dtype/index violations.
 
-    Source: OPD-mfr (formula, equivalent code, parameter table); OPY72 schema; npu_ops.md §5.5.
+    Source: OPD-mfr (formula, equivalent code, parameter table); OPY72 schema; docs/operators.md §4.3.
     """
     op = "npu_moe_finalize_routing"
     mode = 0 if drop_pad_mode is None else int(drop_pad_mode)
@@ -1128,7 +1128,7 @@ def npu_moe_token_permute(
     Raises:
         RuntimeError: ``tokens`` not 2-D, ``indices`` not 1-D/2-D (OPSZ checks).
 
-    Source: OPY72 schema; OPSZ; OTX-moe moe_token_permute README; OPT golden; npu_ops.md §5.8.
+    Source: OPY72 schema; OPSZ; OTX-moe moe_token_permute README; OPT golden; docs/operators.md §4.3.
     """
     op = "npu_moe_token_permute"
     if tokens.dim() != 2:
@@ -1178,7 +1178,7 @@ def npu_moe_token_unpermute(
             in padded mode.
         NotEmulatedError: an index outside ``[0, N)`` (no documented semantics for dropped slots).
 
-    Source: OPY72 schema; OPSZ; OTX-moe moe_token_unpermute README; OPT golden ``unpermute``; npu_ops.md §5.8.
+    Source: OPY72 schema; OPSZ; OTX-moe moe_token_unpermute README; OPT golden ``unpermute``; docs/operators.md §4.3.
     """
     op = "npu_moe_token_unpermute"
     if probs is not None and probs.dim() != 2:
@@ -1312,7 +1312,7 @@ def register_c_ascend_ops() -> list[str]:
     Raises:
         RuntimeError: torch.library rejects a registration.
 
-    Source: VA@v0.13.0 csrc/torch_binding.cpp / torch_binding_meta.cpp; npu_ops.md §5.4, §5.7, §10 item 6.
+    Source: VA@v0.13.0 csrc/torch_binding.cpp / torch_binding_meta.cpp; docs/operators.md §4.3, §4.4.
     """
     global _C_ASCEND_LIB
     done: list[str] = []

@@ -1,0 +1,135 @@
+"""Every ``GPTOSS_PATCH_*`` environment variable: its name, what it accepts, and the one parser for each kind.
+
+Standard library only (``os``), so the start-up hook (:mod:`gptoss_patch._bootstrap`) can use it. The README's
+environment table is checked against :data:`VARIABLES` (``tests/unit/test_config.py``). Values are read when asked,
+not cached: tests and child processes change the environment.
+
+A malformed value raises ``ValueError`` naming the variable and what it accepts; each caller decides what that means
+(``activate()`` turns a bad ``DISABLE``/``FORCE`` into a *refuse* decision with the guard armed, the start-up hook
+reports it in one line, the simulator refuses to start).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+#: Boolean spellings (case-insensitive, surrounding blanks ignored); anything else is an error.
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("", "0", "false", "no", "off")
+
+DISABLE = "GPTOSS_PATCH_DISABLE"
+ALLOW_UNPATCHED = "GPTOSS_PATCH_ALLOW_UNPATCHED"
+FORCE = "GPTOSS_PATCH_FORCE"
+ATTENTION_PATH = "GPTOSS_PATCH_ATTENTION_PATH"
+MOE_PAD = "GPTOSS_PATCH_MOE_PAD"
+SIMULATE_NPU = "GPTOSS_PATCH_SIMULATE_NPU"
+SIM_SOC_VERSION = "GPTOSS_PATCH_SIM_SOC_VERSION"
+CACHE_DIR = "GPTOSS_PATCH_CACHE_DIR"
+WHEEL_CACHE = "GPTOSS_PATCH_WHEEL_CACHE"
+VENV_CACHE = "GPTOSS_PATCH_VENV_CACHE"
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One variable.
+
+    Attributes:
+        name: ``GPTOSS_PATCH_…``.
+        kind: ``"bool"``, ``"choice"`` (one of ``choices``; empty = ``default``), ``"soc"`` (an integer of
+            ``choices``) or ``"path"`` (a directory).
+        choices: accepted values (``choice``/``soc``).
+        default: the value when unset or empty (``None``: none).
+        readme: listed in the README's environment table (the user-facing ones); the others are developer settings.
+    """
+
+    name: str
+    kind: str
+    choices: tuple[str, ...] = ()
+    default: str | None = None
+    readme: bool = True
+
+
+#: SoC version numbers the simulator can identify as (ACL numbers: 200-205 Atlas 310P, 220-225 Atlas A2).
+SOC_VERSIONS = tuple(str(n) for n in (*range(200, 206), *range(220, 226)))
+
+VARIABLES: dict[str, Variable] = {v.name: v for v in (
+    Variable(DISABLE, "bool"),
+    Variable(ALLOW_UNPATCHED, "bool"),
+    Variable(FORCE, "bool"),
+    Variable(ATTENTION_PATH, "choice", ("v2", "lse")),
+    Variable(MOE_PAD, "choice", ("auto", "always", "never"), default="auto"),
+    Variable(SIMULATE_NPU, "bool"),
+    Variable(SIM_SOC_VERSION, "soc", SOC_VERSIONS),
+    Variable(CACHE_DIR, "path", readme=False),      # gptoss_patch.tokenizer / testing.main_job: prepared files
+    Variable(WHEEL_CACHE, "path", readme=False),    # gptoss_patch.testing.release_source: downloaded releases
+    Variable(VENV_CACHE, "path", readme=False),     # noxfile.py: the cached test environments
+)}
+
+
+def _raw(name: str, environ: Mapping[str, str] | None) -> str:
+    if name not in VARIABLES:
+        raise KeyError(f"{name} is not a gptoss-patch variable (gptoss_patch.config.VARIABLES)")
+    return (os.environ if environ is None else environ).get(name, "")
+
+
+def flag(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """A boolean variable: True for ``1/true/yes/on``, False when unset or ``0/false/no/off``.
+
+    Raises:
+        ValueError: any other value, naming the variable.
+    """
+    raw = _raw(name, environ)
+    value = raw.strip().lower()
+    if value in TRUE:
+        return True
+    if value in FALSE:
+        return False
+    raise ValueError(f"{name}={raw!r} is not a boolean; use 1 or 0")
+
+
+def choice(name: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """A choice variable, lower-cased: one of its choices, or its default (None if it has none) when unset/empty.
+
+    Raises:
+        ValueError: another value, naming the variable and the choices.
+    """
+    var = VARIABLES[name]
+    raw = _raw(name, environ)
+    value = raw.strip().lower()
+    if not value:
+        return var.default
+    if value not in var.choices:
+        raise ValueError(f"{name}={raw!r} is not one of {', '.join(var.choices)}")
+    return value
+
+
+def soc_version(environ: Mapping[str, str] | None = None) -> int | None:
+    """``GPTOSS_PATCH_SIM_SOC_VERSION`` as an int, or None when unset/empty.
+
+    Raises:
+        ValueError: not one of :data:`SOC_VERSIONS`.
+    """
+    raw = _raw(SIM_SOC_VERSION, environ).strip()
+    if not raw:
+        return None
+    if raw not in SOC_VERSIONS:
+        raise ValueError(f"{SIM_SOC_VERSION}={raw!r}: use one of {', '.join(SOC_VERSIONS)} "
+                         "(ACL SoC version numbers: 200-205 Atlas 310P, 220-225 Atlas A2)")
+    return int(raw)
+
+
+def path(name: str, default: str, environ: Mapping[str, str] | None = None) -> str:
+    """A directory variable: its value, or ``default`` when unset/empty."""
+    if VARIABLES[name].kind != "path":
+        raise KeyError(f"{name} is not a path variable")
+    return _raw(name, environ) or default
+
+
+def simulate_npu(environ: Mapping[str, str] | None = None) -> bool:
+    """True when ``GPTOSS_PATCH_SIMULATE_NPU`` is on; a malformed value counts as off (for reports, never raises)."""
+    try:
+        return flag(SIMULATE_NPU, environ)
+    except ValueError:
+        return False

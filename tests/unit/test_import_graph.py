@@ -1,0 +1,207 @@
+"""No import circles inside ``gptoss_patch``.
+
+The graph is read statically (``ast``) from the package's source files, nothing is imported. Two graphs are checked:
+
+* **module level**: the imports a module runs when it is imported (top-level statements, including those inside a
+  top-level ``if`` / ``try`` / class body); importing ``a.b.c`` counts as importing ``a`` and ``a.b`` too. A cycle here
+  is a real circle: which half is initialised first depends on who imports first. None is allowed. (A module's own
+  ancestor packages are not an edge unless it takes a name from them: they are always initialised before it, and a
+  package ``__init__`` importing its submodules is normal.)
+* **all imports**: the module-level ones plus those inside functions and methods (deferred imports). A cycle here is
+  a layering defect (a lower layer reaching back up), even if it cannot fail at import time. None is allowed outside
+  the test harness (``gptoss_patch.testing``, which drives the product from above) and the entry points that only
+  forward to the layer below (the package ``__init__`` and ``plugin``, which lazily import ``_activation``).
+
+``TYPE_CHECKING`` blocks are ignored (they never run).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "gptoss_patch"
+#: Callers at the top of the stack: they may import anything lazily, and nothing below may import them.
+ENTRY = {"gptoss_patch", "gptoss_patch.plugin"}
+
+
+def module_name(path: Path, root: Path = PKG) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _resolve(node: ast.ImportFrom, current: str, is_pkg: bool) -> str:
+    if not node.level:
+        return node.module or ""
+    base = current.split(".")
+    base = base if is_pkg else base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
+        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def imports(path: Path, modules: set[str], root: Path = PKG) -> tuple[set[str], set[str], set[str]]:
+    """``(module-level, deferred, named)`` imports of package modules by the module in ``path``: ``named`` are the
+    modules an import statement names or takes a name from (``from a.b import f`` names ``a.b``, not ``a``)."""
+    name = module_name(path, root)
+    is_pkg = path.name == "__init__.py"
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    top: set[str] = set()
+    deferred: set[str] = set()
+    named: set[str] = set()
+    ancestors = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+
+    def targets(node) -> set[str]:
+        out = set()
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                out.add(alias.name)
+        else:
+            base = _resolve(node, name, is_pkg)
+            out.add(base)
+            subs = {f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in modules}
+            out |= subs  # ``from pkg import submodule``
+            if len(subs) == len(node.names):
+                named.update(subs)
+            else:
+                named.update(subs | {base})
+        if isinstance(node, ast.Import):
+            named.update(out)
+            here = set(out)
+        else:
+            here = subs if len(subs) == len(node.names) else subs | {base}
+        found = set()
+        for target in out:
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):  # importing a.b.c imports a and a.b first
+                prefix = ".".join(parts[:i])
+                # ... except this module's own ancestors, always initialised before it - unless a name is taken
+                # from one of them (``from gptoss_patch.patches import layout_plan`` in a patch module)
+                if prefix in modules and (prefix not in ancestors or prefix in here):
+                    found.add(prefix)
+        found.discard(name)
+        return found
+
+    def walk(node, level: bool):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for sub in child.orelse:
+                    walk(ast.Module(body=[sub], type_ignores=[]), level)
+                continue
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                (top if level else deferred).update(targets(child))
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                walk(child, False)
+            else:
+                walk(child, level)  # if/try/with/class bodies run at import time when the parent does
+
+    walk(tree, True)
+    named.discard(name)
+    return top, deferred - top, {n for n in named if n in modules}
+
+
+def graphs(root: Path = PKG) -> tuple[dict[str, set[str]], dict[str, set[str]], dict[str, set[str]]]:
+    paths = sorted(root.rglob("*.py"))
+    modules = {module_name(p, root) for p in paths}
+    level, every, named = {}, {}, {}
+    for p in paths:
+        top, deferred, names = imports(p, modules, root)
+        level[module_name(p, root)] = top
+        every[module_name(p, root)] = top | deferred
+        named[module_name(p, root)] = names
+    return level, every, named
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected component with more than one module (Tarjan), as sorted lists."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def strong(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return sorted(out)
+
+
+def test_no_module_level_cycle():
+    level, _, _ = graphs()
+    assert len(level) > 40 and "gptoss_patch._activation" in level
+    assert cycles(level) == []
+
+
+def test_no_cycle_through_deferred_imports_below_the_entry_points():
+    _, every, _ = graphs()
+    product = {m: {d for d in deps if d not in ENTRY and not d.startswith("gptoss_patch.testing")}
+               for m, deps in every.items() if m not in ENTRY and not m.startswith("gptoss_patch.testing")}
+    assert cycles(product) == []
+
+
+def test_nothing_below_imports_the_entry_points():
+    """The patches, the registry and the rest never reach back up to ``gptoss_patch.activate()`` / ``status()``."""
+    _, _, named = graphs()
+    up = {m: sorted(deps & ENTRY) for m, deps in named.items()
+          if deps & ENTRY and m not in ENTRY and not m.startswith("gptoss_patch.testing")
+          and m not in ("gptoss_patch._bootstrap", "gptoss_patch.verify")}
+    assert up == {}
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"a.py": "from pkg import b\n", "b.py": "import pkg.a\n"}, [["pkg.a", "pkg.b"]]),
+    ({"a.py": "from . import b\n", "b.py": "def f():\n    from . import a\n"}, []),
+    ({"a.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import b\n", "b.py": "import pkg.a\n"},
+     []),
+    ({"a.py": "try:\n    from pkg.b import x\nexcept ImportError:\n    pass\n", "b.py": "from pkg import a\n"},
+     [["pkg.a", "pkg.b"]]),
+    ({"sub/__init__.py": "from pkg import a\n", "sub/c.py": "", "a.py": "from pkg.sub import c\n"},
+     [["pkg.a", "pkg.sub"]]),
+    ({"sub/__init__.py": "def f():\n    from pkg.sub import c\n", "sub/c.py": "from pkg.sub.d import x\n",
+      "sub/d.py": ""}, []),
+    ({"sub/__init__.py": "from pkg.sub import c\ny = 1\n", "sub/c.py": "from pkg.sub import y\n"},
+     [["pkg.sub", "pkg.sub.c"]]),
+])
+def test_the_walker_itself(tmp_path, files, expected):
+    """Module-level cycles are found (relative, try-wrapped, through a parent package); deferred and
+    TYPE_CHECKING imports are not module-level."""
+    root = tmp_path / "pkg"
+    for rel, text in {"__init__.py": "", **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text, encoding="utf-8")
+    level, every, _ = graphs(root)
+    assert cycles(level) == expected
+    if "def f" in files.get("b.py", ""):
+        assert cycles(every) == [["pkg.a", "pkg.b"]]
