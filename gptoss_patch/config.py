@@ -29,6 +29,7 @@ SIM_SOC_VERSION = "GPTOSS_PATCH_SIM_SOC_VERSION"
 CACHE_DIR = "GPTOSS_PATCH_CACHE_DIR"
 WHEEL_CACHE = "GPTOSS_PATCH_WHEEL_CACHE"
 VENV_CACHE = "GPTOSS_PATCH_VENV_CACHE"
+SIM_NPU_MEMORY = "GPTOSS_PATCH_SIM_NPU_MEMORY"
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class Variable:
     Attributes:
         name: ``GPTOSS_PATCH_…``.
         kind: ``"bool"``, ``"choice"`` (one of ``choices``; empty = ``default``), ``"soc"`` (an integer of
-            ``choices``) or ``"path"`` (a directory).
+            ``choices``), ``"path"`` (a directory) or ``"bytes"`` (a size, :func:`size_bytes`).
         choices: accepted values (``choice``/``soc``).
         default: the value when unset or empty (``None``: none).
         readme: listed in the README's environment table (the user-facing ones); the others are developer settings.
@@ -65,6 +66,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable(CACHE_DIR, "path", readme=False),      # gptoss_patch.tokenizer / testing.main_job: prepared files
     Variable(WHEEL_CACHE, "path", readme=False),    # gptoss_patch.testing.release_source: downloaded releases
     Variable(VENV_CACHE, "path", readme=False),     # noxfile.py: the cached test environments
+    Variable(SIM_NPU_MEMORY, "bytes", default=str(8 << 30), readme=False),  # testing.npu_sim.runtime: capacity
 )}
 
 
@@ -125,6 +127,25 @@ def path(name: str, default: str, environ: Mapping[str, str] | None = None) -> s
     if VARIABLES[name].kind != "path":
         raise KeyError(f"{name} is not a path variable")
     return _raw(name, environ) or default
+
+
+def size_bytes(name: str, environ: Mapping[str, str] | None = None) -> int:
+    """A size variable in bytes: a positive integer, optionally with ``KiB``/``MiB``/``GiB``; its default when unset.
+
+    Raises:
+        ValueError: naming the variable, for anything else (``8GB``, ``0``, ``lots``).
+    """
+    import re
+
+    var = VARIABLES[name]
+    if var.kind != "bytes":
+        raise KeyError(f"{name} is not a size variable")
+    raw = _raw(name, environ).strip() or (var.default or "")
+    m = re.fullmatch(r"(\d+)\s*(KiB|MiB|GiB)?", raw)
+    if not m or int(m.group(1)) <= 0:
+        raise ValueError(f"{name}={raw!r}: give a positive number of bytes, optionally with KiB, MiB or GiB "
+                         "(e.g. 8GiB)")
+    return int(m.group(1)) << {None: 0, "KiB": 10, "MiB": 20, "GiB": 30}[m.group(2)]
 
 
 def simulate_npu(environ: Mapping[str, str] | None = None) -> bool:

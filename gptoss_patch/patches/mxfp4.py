@@ -273,44 +273,6 @@ def check_files(directory: str, config: dict | None = None) -> list[str]:
     return problems
 
 
-def check_build(vllm_config: Any, status: Any) -> None:
-    """Before a GPT-OSS build (called by the guard): for an MXFP4 checkpoint on a row whose ``checkpoint_mxfp4`` is
-    *patched*, both MXFP4 patches must be applied in this process, and a local checkpoint must pass
-    :func:`check_files`. (A row that refuses MXFP4 is stopped by the guard's capability check.)
-
-    Raises:
-        gptoss_patch.patches.guard.GptOssNotPatchedError: an MXFP4 patch is not applied (named, with its reason).
-        Mxfp4CheckpointError: the checkpoint's problems, one line per tensor with the expected shape.
-    """
-    model_config = getattr(vllm_config, "model_config", None)
-    hf_config = getattr(model_config, "hf_config", None)
-    if hf_config is None or not is_gpt_oss_mxfp4(hf_config):
-        return
-    cap = (getattr(status, "capabilities", {}) or {}).get("checkpoint_mxfp4", {})
-    if cap.get("state") != "patched":
-        return
-    from gptoss_patch.patches.guard import GptOssNotPatchedError, _allowed_unpatched
-
-    states = (getattr(status, "details", {}) or {}).get("checkpoint_mxfp4", {})
-    missing = [f"{name}: {state}" for name, state in states.items() if not state.startswith("applied")]
-    if (missing or not states) and not _allowed_unpatched():
-        raise GptOssNotPatchedError("\n".join([
-            "refusing to build a GPT-OSS model from an MXFP4 checkpoint: the MXFP4 dequantization patches are not "
-            "applied in this process (vLLM would reject mxfp4 on NPU or load FP4 bytes as BF16):",
-            *(f"  not applied: {m}" for m in missing or ["mxfp4.*: not registered (decision "
-                                                         f"{getattr(status, 'decision', None)})"]),
-            "  what to do: run `python -m gptoss_patch.verify`; unset GPTOSS_PATCH_DISABLE, or use a BF16 checkpoint"]))
-    model = getattr(model_config, "model", None)
-    if isinstance(model, str) and os.path.isfile(os.path.join(model, "config.json")):
-        problems = check_files(model)
-        if problems:
-            raise Mxfp4CheckpointError("\n".join([f"the MXFP4 GPT-OSS checkpoint {model} cannot be dequantized "
-                                                  "(read from the safetensors headers before loading):",
-                                                  *(f"  {p}" for p in problems),
-                                                  "  what to do: re-download the named files; `python -m "
-                                                  "gptoss_patch.verify --model DIR` checks them"]))
-
-
 PATCHES = [
     PatchSpec(
         name="mxfp4.unquantized_config",

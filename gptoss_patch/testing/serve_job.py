@@ -465,8 +465,10 @@ def main(argv: list[str] | None = None) -> int:
     """CLI; exit 0 when the server came up and every token matched, 1 otherwise."""
     ap = argparse.ArgumentParser(prog="python -m gptoss_patch.testing.serve_job",
                                  description=__doc__.split("\n\n")[0])
+    from gptoss_patch import config
+
     ap.add_argument("--workdir", type=Path,
-                    default=Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job")
+                    default=Path(config.path(config.CACHE_DIR, "/tmp/gptoss_patch-cache")) / "main-job")
     ap.add_argument("--mode", default="PIECEWISE", choices=MODES)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--checkpoint", default="bf16", choices=["bf16", "mxfp4"],

@@ -24,7 +24,6 @@ Semantics and sources:
 from __future__ import annotations
 
 import os
-import re
 
 __all__ = ["register_atb_extensions", "atb_registered", "capacity_bytes", "mem_get_info", "memory_stats",
            "max_memory_allocated", "memory_allocated", "memory_reserved", "max_memory_reserved",
@@ -51,14 +50,9 @@ def capacity_bytes() -> int:
     Raises:
         ValueError: the variable is not a positive integer with an optional ``KiB``/``MiB``/``GiB`` suffix.
     """
-    raw = os.environ.get("GPTOSS_PATCH_SIM_NPU_MEMORY", "").strip()
-    if not raw:
-        return 8 << 30
-    m = re.fullmatch(r"(\d+)\s*(KiB|MiB|GiB)?", raw)
-    if not m or int(m.group(1)) <= 0:
-        raise ValueError(f"GPTOSS_PATCH_SIM_NPU_MEMORY={raw!r}: give a positive number of bytes, optionally with "
-                         "KiB, MiB or GiB (e.g. 8GiB)")
-    return int(m.group(1)) << {None: 0, "KiB": 10, "MiB": 20, "GiB": 30}[m.group(2)]
+    from gptoss_patch import config
+
+    return config.size_bytes(config.SIM_NPU_MEMORY)
 
 
 def _rss() -> int:

@@ -13,7 +13,7 @@ Sources:
   (``vllm/model_executor/layers/rotary_embedding/base.py``): ``cos, sin = cache[pos].chunk(2)``; NeoX
   style rotates the two halves of the rotary dims, GPT-J style the even/odd pairs.
 * ``_npu_matmul_add_fp32(x, weight, c)``: ATB MatmulAdd, ``c += x.T @ weight`` in place with ``c`` float32 and
-  ``x``/``weight`` float16/bfloat16 (Ascend MindSpeed ``docs/ops/npu_matmul_add.md``: "product = torch.mm(x.T,
+  ``x``/``weight`` float16/bfloat16 (Ascend MindSpeed's ``npu_matmul_add.md`` operator page: "product = torch.mm(x.T,
   weight); result = product + C"); vllm-ascend's worker calls it once to warm ATB up (``_warm_up_atb``).
 * ``npu_prefetch``: an L2-cache prefetch hint (``torch_npu-npu_prefetch.md``); no effect on values.
 """
