@@ -7,7 +7,7 @@ patch, and proves activation the way a real deployment sees it: in a fresh child
 
 Usage::
 
-    python -m gptoss_patch.verify [--json] [--simulate] [--matrix] [--no-children]
+    python -m gptoss_patch.verify [--json] [--simulate] [--selftest] [--matrix] [--no-children]
                                   [--model DIR [--tensor-parallel-size N]]
     python -m gptoss_patch.verify --server URL [--model SERVED_NAME] [--json]
 
@@ -424,6 +424,14 @@ def _print_human(report: dict[str, Any]) -> None:
         print(f"    conversation 0 decoded: {job['decoded_first'][:120]!r}")
         print(f"    harmony channels: {job['harmony_parse']}")
         print(f"    time (s): {job['seconds']}")
+    if report.get("selftest"):
+        from gptoss_patch.selftest import CaseResult, SelfTest
+
+        st_ = report["selftest"]
+        st_obj = SelfTest(st_["device"], st_["rows"], [CaseResult(**c) for c in st_["cases"]], st_["not_covered"],
+                          st_["seconds"])
+        for line in st_obj.lines():
+            print("  " + line)
     vocab = report.get("harmony_vocabulary")
     if vocab:
         print(f"  harmony vocabulary: {'ok' if vocab['ok'] else 'NOT usable'} ({vocab['file']}, "
@@ -487,6 +495,18 @@ def matrix_json() -> dict[str, Any]:
                                              "covered": False, "note": newer["note"]}}
 
 
+def _selftest_section(report: dict[str, Any]) -> None:
+    """Add :func:`gptoss_patch.selftest.run` to ``report`` (key ``selftest``); a failing case is a problem naming it."""
+    from gptoss_patch import selftest
+
+    result = selftest.run()
+    report["selftest"] = result.as_dict()
+    if not result.ok:
+        named = ", ".join(result.failed) or "no case ran"
+        report["problems"].append(f"self-test failed: {named}")
+        report["ok"] = False
+
+
 def _positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (tensor-parallel sizes)."""
     try:
@@ -509,13 +529,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", metavar="DIR", help="a GPT-OSS checkpoint directory: report what it needs (config.json)")
     ap.add_argument("--tensor-parallel-size", type=_positive_int, default=None, metavar="N",
                     help="with --model DIR (default 1)")
+    ap.add_argument("--selftest", action="store_true",
+                    help="run small GPT-OSS cases through the serving code paths on this device (with --simulate: "
+                         "the CPU NPU simulator) against transformers in float32 (gptoss_patch.selftest)")
     _add_server_arguments(ap)  # operations kit (issue 9)
     try:
         args = ap.parse_args(argv)
     except SystemExit as exc:
         return 2 if exc.code else 0
     usage_error = None
-    if args.server and args.matrix:
+    if args.selftest and (args.server or args.matrix):
+        usage_error = f"--selftest checks this host's stack; it cannot be combined with " \
+                      f"{'--server' if args.server else '--matrix'}"
+    elif args.server and args.matrix:
         usage_error = "--server and --matrix cannot be combined: --matrix prints the version matrix of this " \
                       "package, --server probes a running server"
     elif args.tensor_parallel_size is not None and args.server:
@@ -540,6 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.server:  # operations kit (issue 9): probe a running server only, no local stack checks
         return _server_main(args)
     report = collect(simulate=args.simulate, children=not args.no_children)
+    if args.selftest:
+        _selftest_section(report)
     if args.model:
         _checkpoint_section(report, args.model, args.tensor_parallel_size)  # operations kit (issue 9)
     if args.model and "checkpoint" in report:  # the directory could be read: per-rank shapes and padding
