@@ -3,7 +3,8 @@
 Prints the installed versions, the version-matrix decision and its reason, the state of every
 patch, and proves activation the way a real deployment sees it: in a fresh child interpreter
 (``python -c "import vllm_ascend..."``, i.e. through the ``.pth`` start-up hook) and in a
-``multiprocessing`` *spawn* child (how vLLM starts workers).
+``multiprocessing`` *spawn* child and a *forkserver* child (how vLLM starts workers, per
+``VLLM_WORKER_MULTIPROC_METHOD``).
 
 Usage::
 
@@ -85,9 +86,11 @@ def _spawn_target(queue: Any) -> None:
     queue.put(d)
 
 
-def spawn_child_status(timeout: float = 300.0) -> dict[str, Any]:
-    """Status seen by a ``multiprocessing`` spawn child that imports the patched modules."""
-    ctx = multiprocessing.get_context("spawn")
+def spawn_child_status(timeout: float = 300.0, method: str = "spawn") -> dict[str, Any]:
+    """Status seen by a ``multiprocessing`` child started with ``method`` (``"spawn"``, or ``"forkserver"`` as vLLM
+    uses with ``VLLM_WORKER_MULTIPROC_METHOD=forkserver``: the child is forked from a server process that was itself
+    started as a fresh interpreter) that imports the patched modules; on a crash or timeout ``{"error": ...}``."""
+    ctx = multiprocessing.get_context(method)
     queue = ctx.Queue()
     proc = ctx.Process(target=_spawn_target, args=(queue,))
     proc.start()
@@ -101,9 +104,9 @@ def spawn_child_status(timeout: float = 300.0) -> dict[str, Any]:
             result = queue.get(timeout=1.0)
         except queue_mod.Empty:
             if not proc.is_alive():  # died without reporting: do not wait out the timeout
-                result = {"error": f"spawn child exited with code {proc.exitcode} before reporting its status"}
+                result = {"error": f"{method} child exited with code {proc.exitcode} before reporting its status"}
     if result is None:
-        result = {"error": f"spawn child gave no status within {timeout:.0f} s"}
+        result = {"error": f"{method} child gave no status within {timeout:.0f} s"}
     proc.join(timeout=30)
     return result
 
@@ -166,8 +169,9 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
     if children and status.decision in ("apply", "stand-down") and not import_error:
         fresh = child_interpreter_status()
         spawned = spawn_child_status()
-        report["children"] = {"fresh_interpreter": fresh, "spawn": spawned}
-        for label, d in (("fresh interpreter", fresh), ("spawned child", spawned)):
+        forked = spawn_child_status(method="forkserver")
+        report["children"] = {"fresh_interpreter": fresh, "spawn": spawned, "forkserver": forked}
+        for label, d in (("fresh interpreter", fresh), ("spawned child", spawned), ("forkserver child", forked)):
             if not _child_ok(d, status.decision):
                 why = d.get("error") or d.get("import_error") or d.get("reason")
                 report["problems"].append(f"activation not proven in a {label}: {why}")
@@ -525,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--simulate", action="store_true",
                     help="run on the CPU NPU simulator (hosts without an NPU; sets GPTOSS_PATCH_SIMULATE_NPU=1)")
     ap.add_argument("--matrix", action="store_true", help="print the version matrix and exit")
-    ap.add_argument("--no-children", action="store_true", help="skip the fresh-interpreter and spawn checks")
+    ap.add_argument("--no-children", action="store_true", help="skip the fresh-interpreter, spawn and forkserver checks")
     ap.add_argument("--model", metavar="DIR", help="a GPT-OSS checkpoint directory: report what it needs (config.json)")
     ap.add_argument("--tensor-parallel-size", type=_positive_int, default=None, metavar="N",
                     help="with --model DIR (default 1)")
