@@ -10,9 +10,10 @@ from conftest import run_selftest
 from gptoss_patch import selftest
 
 #: Every case a patched row runs: attention per operator path (the simulated torch_npu offers both), state and layer
-#: kind, the two MoE shapes, the YaRN cache.
+#: kind, the FULL_DECODE_ONLY graph per path, the two MoE shapes, the YaRN cache.
 EXPECTED = {f"attention/{path}/{label}/{kind}" for path in ("v2", "lse")
             for label, *_ in selftest.PATCHED_ATTENTION for kind in ("sliding", "full")}
+EXPECTED |= {f"graph/{path}/full_decode_only/capture_replay_update" for path in ("v2", "lse")}
 EXPECTED |= {"moe/swigluoai_biases/120b_tp8_rank/unpadded_360", "moe/swigluoai_biases/120b_tp8_rank/padded_368",
              "yarn/cos_sin_cache/truncate_false"}
 
