@@ -8,7 +8,7 @@ patch, and proves activation the way a real deployment sees it: in a fresh child
 
 Usage::
 
-    python -m gptoss_patch.verify [--json] [--simulate] [--selftest] [--matrix] [--no-children]
+    python -m gptoss_patch.verify [--json] [--simulate] [--selftest] [--report FILE] [--matrix] [--no-children]
                                   [--model DIR [--tensor-parallel-size N]]
     python -m gptoss_patch.verify --server URL [--model SERVED_NAME] [--json]
 
@@ -536,15 +536,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--selftest", action="store_true",
                     help="run small GPT-OSS cases through the serving code paths on this device (with --simulate: "
                          "the CPU NPU simulator) against transformers in float32 (gptoss_patch.selftest)")
+    ap.add_argument("--report", metavar="FILE",
+                    help="also write a Markdown report for a bug report to FILE (runs the self-test; "
+                         "gptoss_patch.report; only GPTOSS_PATCH_*/VLLM_* variables, secrets not shown)")
     _add_server_arguments(ap)  # operations kit (issue 9)
     try:
         args = ap.parse_args(argv)
     except SystemExit as exc:
         return 2 if exc.code else 0
     usage_error = None
-    if args.selftest and (args.server or args.matrix):
-        usage_error = f"--selftest checks this host's stack; it cannot be combined with " \
-                      f"{'--server' if args.server else '--matrix'}"
+    if (args.selftest or args.report) and (args.server or args.matrix):
+        usage_error = f"{'--selftest' if args.selftest else '--report'} checks this host's stack; it cannot be " \
+                      f"combined with {'--server' if args.server else '--matrix'}"
     elif args.server and args.matrix:
         usage_error = "--server and --matrix cannot be combined: --matrix prints the version matrix of this " \
                       "package, --server probes a running server"
@@ -570,7 +573,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.server:  # operations kit (issue 9): probe a running server only, no local stack checks
         return _server_main(args)
     report = collect(simulate=args.simulate, children=not args.no_children)
-    if args.selftest:
+    if args.selftest or args.report:
         _selftest_section(report)
     if args.model:
         _checkpoint_section(report, args.model, args.tensor_parallel_size)  # operations kit (issue 9)
@@ -580,6 +583,15 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             report["problems"].append(f"--model {args.model}: {exc}")
             report["ok"] = False
+    if args.report:
+        from gptoss_patch import report as report_md
+
+        try:
+            report_md.write(args.report, report, argv=list(sys.argv[1:] if argv is None else argv))
+        except OSError as exc:
+            print(f"error: cannot write the report {args.report}: {exc}", file=sys.stderr)
+            return 1
+        print(f"report written to {args.report}", file=sys.stderr)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:

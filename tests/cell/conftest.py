@@ -99,10 +99,13 @@ def run_python(code: str, **env_overrides) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
 
 
-def run_selftest(fault: str | None = None) -> tuple[subprocess.CompletedProcess, dict]:
-    """``python -m gptoss_patch.verify --selftest --no-children --json`` in a fresh interpreter of this cell's venv (the
-    simulator through ``GPTOSS_PATCH_SIMULATE_NPU=1``, no main job), with the operator deviation ``fault`` injected
-    into the simulator (``GPTOSS_PATCH_SIM_FAULT``; docs/simulator.md). Returns ``(CompletedProcess, report)``.
+def run_selftest(fault: str | None = None, *extra: str, **env_overrides: str) -> tuple[subprocess.CompletedProcess,
+                                                                                       dict]:
+    """``python -m gptoss_patch.verify --selftest --json [--no-children] EXTRA`` in a fresh interpreter of this cell's
+    venv (the simulator through ``GPTOSS_PATCH_SIMULATE_NPU=1``, no main job), with the operator deviation ``fault``
+    injected into the simulator (``GPTOSS_PATCH_SIM_FAULT``; docs/simulator.md) and ``env_overrides`` set.
+    ``--no-children`` unless ``extra`` holds ``--report`` (a report shows the children). Returns
+    ``(CompletedProcess, report)``.
 
     Raises:
         AssertionError: verify printed no JSON document.
@@ -113,7 +116,9 @@ def run_selftest(fault: str | None = None) -> tuple[subprocess.CompletedProcess,
     env.pop("GPTOSS_PATCH_SIM_FAULT", None)
     if fault:
         env["GPTOSS_PATCH_SIM_FAULT"] = fault
-    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--selftest", "--no-children", "--json"],
+    env.update(env_overrides)
+    children = [] if "--report" in extra else ["--no-children"]
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--selftest", "--json", *children, *extra],
                           capture_output=True, text=True, env=env, timeout=1200)
     try:
         return proc, json.loads(proc.stdout)

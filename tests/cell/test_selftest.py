@@ -57,10 +57,28 @@ def test_injected_129_key_band_fails_the_sliding_cases():
                for p in report["problems"])
 
 
-def test_injected_dropped_sink_fails_the_v2_cases():
-    """``learnable_sink`` ignored by the operator: every case of the v2 path fails; the LSE path, which applies the
-    sink itself (``out * sigmoid(lse - sink)``), passes."""
-    proc, report = run_selftest("drop_sink")
+def test_injected_dropped_sink_fails_the_v2_cases_and_the_report_says_so(tmp_path, cell, layout):
+    """``learnable_sink`` ignored by the operator: every eager attention case of the v2 path fails; the LSE path,
+    which applies the sink itself (``out * sigmoid(lse - sink)``), passes (and the graph cases compare graph with
+    eager, which drop the sink alike). The ``--report`` file of that run, read back: versions, decision, patches with
+    drift, the self-test table with the failing rows, activation per process kind, the environment without secrets."""
+    path = tmp_path / "report.md"
+    proc, report = run_selftest("drop_sink", "--report", str(path), VLLM_API_KEY="sk-do-not-print-1234567890",
+                                VLLM_WORKER_MULTIPROC_METHOD="spawn", HF_TOKEN="hf_do_not_print")
     assert proc.returncode == 1
     assert set(report["selftest"]["failed"]) == {c for c in EXPECTED if c.startswith("attention/v2/")}
     assert "attention/v2/prefill_127_128_129/full" in report["problems"][-1]
+    text = path.read_text()
+    assert f"| vllm-ascend | {cell} |" in text and "`apply` - " in text and "Result: **NOT OK**" in text
+    for p in report["status"]["patches"]:
+        assert f"| {p['name']} | applied | {p['target']} | {p['drift']} |" in text
+    for c in report["selftest"]["cases"]:
+        verdict = "PASS" if c["ok"] else "FAIL"
+        assert f"| {c['case']} | {c['max_error']:.3e} | {c['tolerance']:.3e} | {verdict} |" in text, c["case"]
+    for label in ("this process (verify)", "fresh interpreter", "spawn", "forkserver"):
+        assert f"| {label} | apply |" in text, label
+    assert "| forkserver | apply | import-hook |" in text
+    assert "| VLLM_WORKER_MULTIPROC_METHOD | `spawn` |" in text and "| GPTOSS_PATCH_SIM_FAULT | `drop_sink` |" in text
+    assert "| VLLM_API_KEY | `(set; value not shown)` |" in text
+    assert "sk-do-not-print" not in text and "hf_do_not_print" not in text and "HF_TOKEN" not in text
+    assert "- self-test failed: attention/v2/" in text
