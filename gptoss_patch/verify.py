@@ -608,9 +608,11 @@ def _add_server_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--server", metavar="URL",
                     help="probe a running OpenAI-compatible server instead of this host's stack (one chat and one raw "
                          "completion at temperature 0); --model then names the served model (default: first listed)")
-    ap.add_argument("--chat-max-tokens", type=int, default=512, metavar="N",
+    from gptoss_patch._cli import at_least, positive_float
+
+    ap.add_argument("--chat-max-tokens", type=at_least(1), default=512, metavar="N",
                     help="with --server: token budget of the chat probe (GPT-OSS reasons first; default 512)")
-    ap.add_argument("--server-timeout", type=float, default=120.0, metavar="S",
+    ap.add_argument("--server-timeout", type=positive_float, default=120.0, metavar="S",
                     help="with --server: seconds per request (default 120)")
 
 
