@@ -43,7 +43,10 @@ Cases and tolerances (all inputs bfloat16, the dtype GPT-OSS serves in; docs/ope
   ``1e-5`` absolute (both sides evaluate ``cos(position * inv_freq) * mscale`` in float32; the rounded ramp of an
   unpatched release is off by up to 2.7).
 
-Not covered here yet (listed in the result under ``not_covered``): the MoE and rope of native rows, and the swa_mask
+On a native row the MoE case is the layer-0 MLP of the tiny checkpoint loaded by vLLM's ``get_model`` (per-rank
+intermediate 360; hidden 64 instead of 2880, so that the whole model loads in seconds).
+
+Not covered here yet (listed in the result under ``not_covered``): the rope of native rows, and the swa_mask
 sliding layers of 0.15.0rc1 - 0.18.0 on the simulator (which refuses that mask: docs/simulator.md, finding 1; they
 run on a real NPU).
 """
@@ -222,7 +225,7 @@ def _patched_attention(results: list[CaseResult], paths: list[str]) -> None:
 def _native_attention(results: list[CaseResult], deviates: bool, simulated: bool) -> None:
     from gptoss_patch.testing import native_015 as n015
 
-    cfg, _ = n015.vllm_context(dtype="bfloat16")
+    cfg, _ = n015.vllm_context(dtype="bfloat16")  # bf16: the dtype GPT-OSS serves in
     sinks = _sinks()
     for i, (label, seqs) in enumerate(NATIVE_ATTENTION):
         for window in (WINDOW, None):
@@ -314,6 +317,35 @@ def _graph(results: list[CaseResult], paths: list[str]) -> None:
         _run_case(results, name, one)
 
 
+def _native_moe(results: list[CaseResult], cfg: Any, ckpt: str) -> None:
+    """A native row's MoE as vLLM builds and loads it (``get_model`` on the tiny checkpoint: the MLP of layer 0 with
+    gpt-oss-120b's per-rank intermediate 360 at TP 8, hidden 64, 8 experts, top-4; whatever gptoss-patch does to it on
+    this row - layout G's ``moe.activation_name`` - included), 64 tokens in bf16, against transformers' ``GptOssMLP``
+    of the same checkpoint in float32; tolerance transformers' own bf16 error + ``2**-8`` (as :func:`_moe`)."""
+    from transformers import GptOssForCausalLM
+
+    from gptoss_patch.testing import native_015 as n015
+    from gptoss_patch.testing.moe_case import rel_err
+
+    name = "moe/swigluoai_biases/native_model_layer0_inter360"
+
+    def one():
+        native = n015.load_native_model(cfg)
+        x = n015.moe_input(0, MOE_TOKENS).to(torch.bfloat16)
+        with torch.no_grad():
+            got = n015.run_native_moe(native, 0, x).float()
+            ref = GptOssForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval().model.layers[0].mlp(
+                x.float()[None])[0][0]
+            ref16 = GptOssForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).eval().model.layers[0].mlp(
+                x[None])[0][0].float()
+        hf16 = rel_err(ref16, ref)
+        tol = hf16 + 2 ** -8
+        err = rel_err(got, ref)
+        return CaseResult(name, err, tol, err <= tol, f"max|out-ref|/max|ref|; tol transformers-bf16 {hf16:.1e} + 2^-8")
+
+    _run_case(results, name, one)
+
+
 # ----------------------------------------------------------------------------------------------------------- YaRN
 
 
@@ -394,8 +426,13 @@ def run(status: Any = None) -> SelfTest:
     if matrix.native_attention(row):
         deviates = caps.get("attention", {}).get("state") == matrix.DEVIATES
         _native_attention(result.cases, deviates, versions.simulated_npu)
-        result.not_covered += ["MoE and YaRN of a native row (upstream's code; tests/cell/native_015 calibrates them)",
-                               "FULL_DECODE_ONLY (refused for GPT-OSS on this row, or upstream's own graph code)"]
+        from gptoss_patch.testing import native_015 as n015
+
+        cfg, ckpt = n015.vllm_context(dtype="bfloat16")
+        _native_moe(result.cases, cfg, ckpt)
+        result.not_covered += ["YaRN of a native row (upstream's code; tests/cell/native_015 calibrates it)",
+                               "FULL_DECODE_ONLY (refused for GPT-OSS on this row, or upstream's own graph code)",
+                               "the MoE padded to 368 (native rows keep bf16 experts in ND: no padding)"]
     else:
         import torch_npu
 
