@@ -102,7 +102,9 @@ def render(report: Mapping[str, Any], argv: list[str] | None = None, env: Mappin
         lines.append("none registered (decision is not *apply*)")
     lines += ["", "## Self-test", ""]
     sf = report.get("selftest")
-    if sf:
+    if sf and not sf["cases"]:
+        lines.append("not run: " + "; ".join(sf["not_covered"]))
+    elif sf:
         lines += [f"On {sf['device']} ({sf['rows']}); reference: transformers GPT-OSS in float32; "
                   f"{'passed' if sf['ok'] else 'FAILED: ' + ', '.join(sf['failed'])} ({sf['seconds']} s)", ""]
         lines += _table(["case", "max error", "tolerance", "result", "note"], [

@@ -505,7 +505,9 @@ def _selftest_section(report: dict[str, Any]) -> None:
 
     result = selftest.run()
     report["selftest"] = result.as_dict()
-    if not result.ok:
+    if not result.cases:  # the stack is not covered: that is already the problem
+        report["warnings"].append("self-test not run: " + "; ".join(result.not_covered))
+    elif not result.ok:
         named = ", ".join(result.failed) or "no case ran"
         report["problems"].append(f"self-test failed: {named}")
         report["ok"] = False
