@@ -29,8 +29,10 @@ Cases and tolerances (all inputs bfloat16, the dtype GPT-OSS serves in; docs/ope
   A sliding row whose release *deviates* (``sparse_mode 4`` with ``pre_tokens = 128``: 129 keys, docs/operators.md
   "Sliding-window band") is compared with the window-129 reference, the documented behaviour of that release.
 * **moe** - swigluoai with both expert biases at gpt-oss-120b's TP-8 per-rank shape (hidden 2880, intermediate 360;
-  8 experts instead of 128, top-4), 64 tokens, unpadded (``GPTOSS_PATCH_MOE_PAD=never``: intermediate 360) and padded
-  (``=always``: 368, the FRACTAL_NZ alignment), the communication method the release's runner picks at world size 1.
+  8 experts instead of 128, top-4), 64 tokens, unpadded (``GPTOSS_PATCH_MOE_PAD=never`` with ``VLLM_ASCEND_ENABLE_NZ=0``:
+  intermediate 360 in ND, since the grouped matmul rejects an NZ weight with K = 360) and padded (``=always``: 368, the
+  FRACTAL_NZ alignment, under the release's default NZ mode), the communication method the release's runner picks at
+  world size 1.
   Error ``max|out - ref| / max|ref|``; tolerance: transformers' own ``GptOssMLP`` run in bf16 on the same inputs
   (its error is the model's inherent bf16 noise) plus one bf16 rounding of the output (``2**-8``), as
   tests/cell/test_moe.py states.
@@ -269,11 +271,14 @@ def _moe(results: list[CaseResult], cfg: Any) -> None:
     ref = reference(w, x)
     hf16 = rel_err(reference(w, x, torch.bfloat16), ref)
     tol = hf16 + 2 ** -8
-    for label, policy, inter in (("unpadded_360", "never", MOE_INTER), ("padded_368", "always", 368)):
+    # unpadded: the experts stay ND at 360 (VLLM_ASCEND_ENABLE_NZ=0; an NZ weight with K = 360 is rejected by the
+    # grouped matmul); padded: 368 under the release's default NZ mode (FRACTAL_NZ where it casts)
+    for label, policy, nz, inter in (("unpadded_360_nd", "never", "0", MOE_INTER), ("padded_368", "always", None, 368)):
         name = f"moe/swigluoai_biases/120b_tp8_rank/{label}"
 
-        def one(policy=policy, inter=inter, name=name):
-            with env_var("GPTOSS_PATCH_MOE_PAD", policy):
+        def one(policy=policy, nz=nz, inter=inter, name=name):
+            with env_var("GPTOSS_PATCH_MOE_PAD", policy), \
+                    (env_var("VLLM_ASCEND_ENABLE_NZ", nz) if nz else contextlib.nullcontext()):
                 layer = build_layer(cfg, w, torch.bfloat16)
             got = tuple(layer.w2_weight.shape)
             if got != (MOE_EXPERTS, inter, MOE_HIDDEN):
