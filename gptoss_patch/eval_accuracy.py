@@ -431,6 +431,8 @@ def _report_lines(results: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI; exit 0 = evaluated (or dry run), 1 = lm-eval failed or timed out, 2 = usage or data error."""
+    from gptoss_patch._cli import at_least, positive_float
+
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lm-eval"]:
         return _lm_eval_delegate(argv[1:])
@@ -439,23 +441,30 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True, help="served model name (--served-model-name)")
     ap.add_argument("--mmlu", help="MMLU data: dir of *_test.csv (release layout), or cais/mmlu .jsonl/.parquet")
     ap.add_argument("--gsm8k", help="GSM8K data: test.jsonl (release format) or openai/gsm8k .parquet")
-    ap.add_argument("--limit", type=int, help="evaluate only the first N rows of each task (a subset)")
-    ap.add_argument("--max-tokens", type=int, default=4096, help="max_tokens per answer, reasoning included")
+    ap.add_argument("--limit", type=at_least(1), help="evaluate only the first N rows of each task (a subset)")
+    ap.add_argument("--max-tokens", type=at_least(1), default=4096, help="max_tokens per answer, reasoning included")
     ap.add_argument("--reasoning-effort", choices=["low", "medium", "high"],
                     help="sent as reasoning_effort (default: the server's, medium for GPT-OSS)")
-    ap.add_argument("--concurrency", type=int, default=8, help="concurrent requests")
-    ap.add_argument("--timeout", type=float, default=600, help="seconds per request")
-    ap.add_argument("--max-retries", type=int, default=1, help="retries per failed request")
-    ap.add_argument("--deadline", type=float, default=6 * 3600, help="seconds before the whole run is killed")
+    ap.add_argument("--concurrency", type=at_least(1), default=8, help="concurrent requests")
+    ap.add_argument("--timeout", type=positive_float, default=600, help="seconds per request")
+    ap.add_argument("--max-retries", type=at_least(0), default=1, help="retries per failed request")
+    ap.add_argument("--deadline", type=positive_float, default=6 * 3600, help="seconds before the whole run is killed")
     ap.add_argument("--workdir", default="gptoss-eval", help="where data, task files and results go")
-    ap.add_argument("--dry-run", action="store_true", help="write the task files, print the command, send nothing")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="check and convert the data, print the command, send nothing and write nothing to --workdir")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     try:
         args = ap.parse_args(argv)
     except SystemExit as exc:
         return 2 if exc.code else 0
     try:
-        counts = prepare(args.workdir, mmlu=args.mmlu, gsm8k=args.gsm8k, max_tokens=args.max_tokens)
+        if args.dry_run:  # read and convert the data (errors show) in a scratch directory; --workdir stays untouched
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="gptoss-eval-dry-") as scratch:
+                counts = prepare(scratch, mmlu=args.mmlu, gsm8k=args.gsm8k, max_tokens=args.max_tokens)
+        else:
+            counts = prepare(args.workdir, mmlu=args.mmlu, gsm8k=args.gsm8k, max_tokens=args.max_tokens)
         cmd = lm_eval_command(server=args.server, model=args.model, workdir=args.workdir, tasks=list(counts),
                               limit=args.limit, concurrency=args.concurrency, timeout=args.timeout,
                               max_retries=args.max_retries, reasoning_effort=args.reasoning_effort)

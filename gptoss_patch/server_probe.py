@@ -319,10 +319,12 @@ def probe_server(url: str, model: str | None = None, *, timeout: float = 120.0, 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI ``URL [--model NAME] [--timeout S] [--json]``: exit 0 ok, 1 problems, 2 usage error."""
+    from gptoss_patch._cli import positive_float
+
     ap = argparse.ArgumentParser(prog="python -m gptoss_patch.server_probe", description=__doc__.split("\n")[0])
     ap.add_argument("url")
     ap.add_argument("--model", help="served model name (default: the first of GET /v1/models)")
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    ap.add_argument("--timeout", type=positive_float, default=120.0, help="seconds per request")
     ap.add_argument("--json", action="store_true")
     try:
         args = ap.parse_args(argv)

@@ -3,11 +3,12 @@
 Prints the installed versions, the version-matrix decision and its reason, the state of every
 patch, and proves activation the way a real deployment sees it: in a fresh child interpreter
 (``python -c "import vllm_ascend..."``, i.e. through the ``.pth`` start-up hook) and in a
-``multiprocessing`` *spawn* child (how vLLM starts workers).
+``multiprocessing`` *spawn* child and a *forkserver* child (how vLLM starts workers, per
+``VLLM_WORKER_MULTIPROC_METHOD``).
 
 Usage::
 
-    python -m gptoss_patch.verify [--json] [--simulate] [--matrix] [--no-children]
+    python -m gptoss_patch.verify [--json] [--simulate] [--selftest] [--report FILE] [--matrix] [--no-children]
                                   [--model DIR [--tensor-parallel-size N]]
     python -m gptoss_patch.verify --server URL [--model SERVED_NAME] [--json]
 
@@ -85,9 +86,11 @@ def _spawn_target(queue: Any) -> None:
     queue.put(d)
 
 
-def spawn_child_status(timeout: float = 300.0) -> dict[str, Any]:
-    """Status seen by a ``multiprocessing`` spawn child that imports the patched modules."""
-    ctx = multiprocessing.get_context("spawn")
+def spawn_child_status(timeout: float = 300.0, method: str = "spawn") -> dict[str, Any]:
+    """Status seen by a ``multiprocessing`` child started with ``method`` (``"spawn"``, or ``"forkserver"`` as vLLM
+    uses with ``VLLM_WORKER_MULTIPROC_METHOD=forkserver``: the child is forked from a server process that was itself
+    started as a fresh interpreter) that imports the patched modules; on a crash or timeout ``{"error": ...}``."""
+    ctx = multiprocessing.get_context(method)
     queue = ctx.Queue()
     proc = ctx.Process(target=_spawn_target, args=(queue,))
     proc.start()
@@ -101,9 +104,9 @@ def spawn_child_status(timeout: float = 300.0) -> dict[str, Any]:
             result = queue.get(timeout=1.0)
         except queue_mod.Empty:
             if not proc.is_alive():  # died without reporting: do not wait out the timeout
-                result = {"error": f"spawn child exited with code {proc.exitcode} before reporting its status"}
+                result = {"error": f"{method} child exited with code {proc.exitcode} before reporting its status"}
     if result is None:
-        result = {"error": f"spawn child gave no status within {timeout:.0f} s"}
+        result = {"error": f"{method} child gave no status within {timeout:.0f} s"}
     proc.join(timeout=30)
     return result
 
@@ -166,8 +169,9 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
     if children and status.decision in ("apply", "stand-down") and not import_error:
         fresh = child_interpreter_status()
         spawned = spawn_child_status()
-        report["children"] = {"fresh_interpreter": fresh, "spawn": spawned}
-        for label, d in (("fresh interpreter", fresh), ("spawned child", spawned)):
+        forked = spawn_child_status(method="forkserver")
+        report["children"] = {"fresh_interpreter": fresh, "spawn": spawned, "forkserver": forked}
+        for label, d in (("fresh interpreter", fresh), ("spawned child", spawned), ("forkserver child", forked)):
             if not _child_ok(d, status.decision):
                 why = d.get("error") or d.get("import_error") or d.get("reason")
                 report["problems"].append(f"activation not proven in a {label}: {why}")
@@ -424,6 +428,14 @@ def _print_human(report: dict[str, Any]) -> None:
         print(f"    conversation 0 decoded: {job['decoded_first'][:120]!r}")
         print(f"    harmony channels: {job['harmony_parse']}")
         print(f"    time (s): {job['seconds']}")
+    if report.get("selftest"):
+        from gptoss_patch.selftest import CaseResult, SelfTest
+
+        st_ = report["selftest"]
+        st_obj = SelfTest(st_["device"], st_["rows"], [CaseResult(**c) for c in st_["cases"]], st_["not_covered"],
+                          st_["seconds"])
+        for line in st_obj.lines():
+            print("  " + line)
     vocab = report.get("harmony_vocabulary")
     if vocab:
         print(f"  harmony vocabulary: {'ok' if vocab['ok'] else 'NOT usable'} ({vocab['file']}, "
@@ -487,6 +499,20 @@ def matrix_json() -> dict[str, Any]:
                                              "covered": False, "note": newer["note"]}}
 
 
+def _selftest_section(report: dict[str, Any]) -> None:
+    """Add :func:`gptoss_patch.selftest.run` to ``report`` (key ``selftest``); a failing case is a problem naming it."""
+    from gptoss_patch import selftest
+
+    result = selftest.run()
+    report["selftest"] = result.as_dict()
+    if not result.cases:  # the stack is not covered: that is already the problem
+        report["warnings"].append("self-test not run: " + "; ".join(result.not_covered))
+    elif not result.ok:
+        named = ", ".join(result.failed) or "no case ran"
+        report["problems"].append(f"self-test failed: {named}")
+        report["ok"] = False
+
+
 def _positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (tensor-parallel sizes)."""
     try:
@@ -505,17 +531,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--simulate", action="store_true",
                     help="run on the CPU NPU simulator (hosts without an NPU; sets GPTOSS_PATCH_SIMULATE_NPU=1)")
     ap.add_argument("--matrix", action="store_true", help="print the version matrix and exit")
-    ap.add_argument("--no-children", action="store_true", help="skip the fresh-interpreter and spawn checks")
+    ap.add_argument("--no-children", action="store_true", help="skip the fresh-interpreter, spawn and forkserver checks")
     ap.add_argument("--model", metavar="DIR", help="a GPT-OSS checkpoint directory: report what it needs (config.json)")
     ap.add_argument("--tensor-parallel-size", type=_positive_int, default=None, metavar="N",
                     help="with --model DIR (default 1)")
+    ap.add_argument("--selftest", action="store_true",
+                    help="run small GPT-OSS cases through the serving code paths on this device (with --simulate: "
+                         "the CPU NPU simulator) against transformers in float32 (gptoss_patch.selftest)")
+    ap.add_argument("--report", metavar="FILE",
+                    help="also write a Markdown report for a bug report to FILE (runs the self-test; "
+                         "gptoss_patch.report; only GPTOSS_PATCH_*/VLLM_* variables, secrets not shown)")
     _add_server_arguments(ap)  # operations kit (issue 9)
     try:
         args = ap.parse_args(argv)
     except SystemExit as exc:
         return 2 if exc.code else 0
     usage_error = None
-    if args.server and args.matrix:
+    if (args.selftest or args.report) and (args.server or args.matrix):
+        usage_error = f"{'--selftest' if args.selftest else '--report'} checks this host's stack; it cannot be " \
+                      f"combined with {'--server' if args.server else '--matrix'}"
+    elif args.server and args.matrix:
         usage_error = "--server and --matrix cannot be combined: --matrix prints the version matrix of this " \
                       "package, --server probes a running server"
     elif args.tensor_parallel_size is not None and args.server:
@@ -540,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.server:  # operations kit (issue 9): probe a running server only, no local stack checks
         return _server_main(args)
     report = collect(simulate=args.simulate, children=not args.no_children)
+    if args.selftest or args.report:
+        _selftest_section(report)
     if args.model:
         _checkpoint_section(report, args.model, args.tensor_parallel_size)  # operations kit (issue 9)
     if args.model and "checkpoint" in report:  # the directory could be read: per-rank shapes and padding
@@ -548,6 +585,15 @@ def main(argv: list[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             report["problems"].append(f"--model {args.model}: {exc}")
             report["ok"] = False
+    if args.report:
+        from gptoss_patch import report as report_md
+
+        try:
+            report_md.write(args.report, report, argv=list(sys.argv[1:] if argv is None else argv))
+        except OSError as exc:
+            print(f"error: cannot write the report {args.report}: {exc}", file=sys.stderr)
+            return 1
+        print(f"report written to {args.report}", file=sys.stderr)
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
@@ -564,9 +610,11 @@ def _add_server_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--server", metavar="URL",
                     help="probe a running OpenAI-compatible server instead of this host's stack (one chat and one raw "
                          "completion at temperature 0); --model then names the served model (default: first listed)")
-    ap.add_argument("--chat-max-tokens", type=int, default=512, metavar="N",
+    from gptoss_patch._cli import at_least, positive_float
+
+    ap.add_argument("--chat-max-tokens", type=at_least(1), default=512, metavar="N",
                     help="with --server: token budget of the chat probe (GPT-OSS reasons first; default 512)")
-    ap.add_argument("--server-timeout", type=float, default=120.0, metavar="S",
+    ap.add_argument("--server-timeout", type=positive_float, default=120.0, metavar="S",
                     help="with --server: seconds per request (default 120)")
 
 

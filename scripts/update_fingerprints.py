@@ -27,13 +27,33 @@ sys.path.insert(0, str(ROOT))
 from gptoss_patch import drift, matrix  # noqa: E402
 
 
+class ReleaseUnavailable(RuntimeError):
+    """A release's wheel / sdist could not be downloaded or read (the message names the release and why)."""
+
+
 def build(wheels: Path) -> dict[str, dict[str, str]]:
-    """The whole table for every matrix row."""
+    """The whole table for every matrix row.
+
+    Raises:
+        ReleaseUnavailable: a release cannot be downloaded (no network, index without it) or its file is unreadable.
+    """
+    import subprocess
+    import tarfile
+    import zipfile
+
     from gptoss_patch.testing.release_source import release_tree
 
     targets = drift.all_targets()
-    return {row.vllm_ascend: drift.fingerprints_in_tree(release_tree(row.vllm_ascend, wheels), targets)
-            for row in sorted(matrix.ROWS, key=lambda r: r.version)}
+    table = {}
+    for row in sorted(matrix.ROWS, key=lambda r: r.version):
+        try:
+            tree = release_tree(row.vllm_ascend, wheels)
+        except (OSError, RuntimeError, ValueError, subprocess.SubprocessError, zipfile.BadZipFile,
+                tarfile.TarError) as exc:
+            raise ReleaseUnavailable(f"vllm-ascend {row.vllm_ascend}: its wheel (or sdist) could not be downloaded "
+                                     f"into or read from {wheels} - {type(exc).__name__}: {exc}") from None
+        table[row.vllm_ascend] = drift.fingerprints_in_tree(tree, targets)
+    return table
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,7 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     from gptoss_patch.testing.release_source import CACHE
 
-    table = build(args.wheels or CACHE)
+    try:
+        table = build(args.wheels or CACHE)
+    except ReleaseUnavailable as exc:
+        print(f"error: {exc}\n(check the package index / network that pip uses, or put the file into --wheels DIR; "
+              "nothing was written)", file=sys.stderr)
+        return 1
     text = json.dumps(table, indent=1, sort_keys=True) + "\n"
     if args.check:
         stored = drift.TABLE_PATH.read_text(encoding="utf-8") if drift.TABLE_PATH.exists() else ""

@@ -323,3 +323,57 @@ def forced_path(path: str | None):
             os.environ.pop("GPTOSS_PATCH_ATTENTION_PATH", None)
         else:
             os.environ["GPTOSS_PATCH_ATTENTION_PATH"] = old
+
+
+_CONFIG: list = []
+
+
+def make_impl(num_heads: int, num_kv_heads: int, window: int | None, sinks: torch.Tensor | None, head_dim: int = 64):
+    """``AscendAttentionBackendImpl`` of the installed release (0.11 - 0.14, patched) as vLLM's ``Attention.__init__``
+    builds it: positional ``(num_heads, head_size, scale = head_dim**-0.5, num_kv_heads, alibi_slopes, sliding_window,
+    kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name)`` inside ``set_current_vllm_config``
+    (0.13+ read it in ``__init__``), ``sinks=`` ``[num_heads]`` as the keyword GPT-OSS passes
+    (vllm/model_executor/models/gpt_oss.py ``OAIAttention``); ``sinks=None`` builds a layer without sinks."""
+    import vllm_ascend.attention.attention_v1 as aa
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    if not _CONFIG:
+        _CONFIG.append(VllmConfig())
+    kwargs = {} if sinks is None else {"sinks": sinks}
+    with set_current_vllm_config(_CONFIG[0]):
+        return aa.AscendAttentionBackendImpl(num_heads, head_dim, head_dim ** -0.5, num_kv_heads, None, window,
+                                             "auto", None, "decoder", None, **kwargs)
+
+
+class _Layer:
+    """What upstream's forward reads from the vLLM ``Attention`` layer on this path (k/v scales)."""
+
+    _k_scale_float = 1.0
+    _v_scale_float = 1.0
+    layer_name = "model.layers.0.self_attn.attn"
+
+
+@contextlib.contextmanager
+def eager_forward_context(metadata):
+    """vLLM's forward context of an eager step (upstream's decode path reads ``capturing`` from it)."""
+    from vllm.forward_context import ForwardContext, override_forward_context
+
+    ctx = ForwardContext(no_compile_layers={}, attn_metadata=metadata, virtual_engine=0)
+    ctx.capturing = False  # set by vllm-ascend's set_ascend_forward_context
+    with override_forward_context(ctx):
+        yield ctx
+
+
+def run_forward(impl, case: Case, output: torch.Tensor | None = None, forward=None):
+    """``impl.forward`` as vLLM calls it in this release (:func:`forward_as_vllm`, eager forward context).
+
+    Returns:
+        ``(output buffer [T, N, D] in the query dtype, pre-filled with NaN so unwritten rows show; the return
+        value of forward)``.
+    """
+    out = output if output is not None else torch.full((case.num_tokens, impl.num_heads, impl.head_size),
+                                                       float("nan"), dtype=case.query.dtype)
+    with eager_forward_context(case.metadata):
+        ret = forward_as_vllm(impl, _Layer(), case.query, case.key, case.value, (case.key_cache, case.value_cache),
+                              case.metadata, out, layout=installed_layout(), forward=forward)
+    return out, ret

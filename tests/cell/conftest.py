@@ -69,15 +69,17 @@ def layout():
 
 @pytest.fixture(scope="session")
 def verify_simulate():
-    """``python -m gptoss_patch.verify --simulate --json``, run once per test process: ``(CompletedProcess, report)``.
+    """``python -m gptoss_patch.verify --simulate --selftest --json``, run once per test process:
+    ``(CompletedProcess, report)``.
 
-    Shared by test_main_job (its ``main_job`` part) and test_activation (status and children: what ``verify --json``
-    reports, since the cell already simulates the NPU; ``--simulate`` adds the main job only). Both tests carry the
-    ``xdist_group("verify")`` mark, so under ``pytest -n`` one worker runs it once."""
+    Shared by test_main_job (its ``main_job`` part), test_activation (status and children: what ``verify --json``
+    reports, since the cell already simulates the NPU; ``--simulate`` adds the main job only) and test_selftest (its
+    ``selftest`` part). These tests carry the ``xdist_group("verify")`` mark, so under ``pytest -n`` one worker runs
+    it once."""
     import json
 
-    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--simulate", "--json"], capture_output=True,
-                          text=True, timeout=2400)
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--simulate", "--selftest", "--json"],
+                          capture_output=True, text=True, timeout=2400)
     try:
         report = json.loads(proc.stdout)
     except ValueError:
@@ -95,3 +97,31 @@ def run_python(code: str, **env_overrides) -> subprocess.CompletedProcess:
         else:
             env[k] = v
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+
+
+def run_selftest(fault: str | None = None, *extra: str, **env_overrides: str) -> tuple[subprocess.CompletedProcess,
+                                                                                       dict]:
+    """``python -m gptoss_patch.verify --selftest --json [--no-children] EXTRA`` in a fresh interpreter of this cell's
+    venv (the simulator through ``GPTOSS_PATCH_SIMULATE_NPU=1``, no main job), with the operator deviation ``fault``
+    injected into the simulator (``GPTOSS_PATCH_SIM_FAULT``; docs/simulator.md) and ``env_overrides`` set.
+    ``--no-children`` unless ``extra`` holds ``--report`` (a report shows the children). Returns
+    ``(CompletedProcess, report)``.
+
+    Raises:
+        AssertionError: verify printed no JSON document.
+    """
+    import json
+
+    env = dict(os.environ)
+    env.pop("GPTOSS_PATCH_SIM_FAULT", None)
+    if fault:
+        env["GPTOSS_PATCH_SIM_FAULT"] = fault
+    env.update(env_overrides)
+    children = [] if "--report" in extra else ["--no-children"]
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--selftest", "--json", *children, *extra],
+                          capture_output=True, text=True, env=env, timeout=1200)
+    try:
+        return proc, json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"verify --selftest --json printed no JSON (rc {proc.returncode}): "
+                             f"{proc.stdout[-2000:]} {proc.stderr[-3000:]}") from None

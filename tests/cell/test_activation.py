@@ -209,8 +209,22 @@ def test_status_and_verify_json_agree(verify_simulate, fresh_child):
         assert report["status"][key] == fresh[key], key
     assert [(p["name"], p["target"], p["state"], p["fingerprint"]) for p in report["status"]["patches"]] == \
         [(p["name"], p["target"], p["state"], p["fingerprint"]) for p in fresh["patches"]]
+    assert set(report["children"]) == {"fresh_interpreter", "spawn", "forkserver"}
     for child in report["children"].values():
         assert child["ok"] and child["decision"] == "apply"
+
+
+def test_forkserver_child_activates_through_the_pth(cell, layout):
+    """``VLLM_WORKER_MULTIPROC_METHOD=forkserver``: a worker forked from vLLM's fork server (itself a fresh interpreter)
+    activates through the .pth hook as a spawned one does, with every patch of the layout applied (issue 17)."""
+    from gptoss_patch.verify import spawn_child_status
+
+    d = spawn_child_status(method="forkserver")
+    assert "error" not in d, d
+    assert d["decision"] == "apply" and d["row"] == cell and d["ok"] and not d["import_error"]
+    assert d["sources"] == ["import-hook"]
+    assert [p["name"] for p in d["patches"]] == list(matrix.LAYOUT_PATCHES[layout])
+    assert all(p["state"] == "applied" for p in d["patches"])
 
 
 def test_verify_exit_status_when_stack_not_covered(tmp_path):

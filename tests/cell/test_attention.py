@@ -13,58 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gptoss_patch.testing import attention_case
-from gptoss_patch.testing.attention_case import build_case, forward_as_vllm, installed_layout, reference_output
+from gptoss_patch.testing.attention_case import (build_case, make_impl,
+                                                 reference_output, run_forward)
 
 WINDOW = 128
 
 
 operator_path = attention_case.forced_path
-
-
-_CONFIG = []
-
-
-def make_impl(num_heads, num_kv_heads, window, sinks, head_dim=64):
-    """``AscendAttentionBackendImpl`` as vLLM's ``Attention.__init__`` builds it (inside ``set_current_vllm_config``,
-    which 0.13+ read in ``__init__``; ``sinks=`` keyword as GPT-OSS passes it)."""
-    import vllm_ascend.attention.attention_v1 as aa
-    from vllm.config import VllmConfig, set_current_vllm_config
-
-    if not _CONFIG:
-        _CONFIG.append(VllmConfig())
-    kwargs = {} if sinks is None else {"sinks": sinks}
-    with set_current_vllm_config(_CONFIG[0]):
-        return aa.AscendAttentionBackendImpl(num_heads, head_dim, head_dim ** -0.5, num_kv_heads, None, window,
-                                             "auto", None, "decoder", None, **kwargs)
-
-
-class _Layer:
-    """What upstream's forward reads from the vLLM ``Attention`` layer on this path (k/v scales)."""
-
-    _k_scale_float = 1.0
-    _v_scale_float = 1.0
-    layer_name = "model.layers.0.self_attn.attn"
-
-
-@contextlib.contextmanager
-def eager_forward_context(metadata):
-    """vLLM's forward context of an eager step (upstream's decode path reads ``capturing`` from it)."""
-    from vllm.forward_context import ForwardContext, override_forward_context
-
-    ctx = ForwardContext(no_compile_layers={}, attn_metadata=metadata, virtual_engine=0)
-    ctx.capturing = False  # set by vllm-ascend's set_ascend_forward_context
-    with override_forward_context(ctx):
-        yield ctx
-
-
-def run_forward(impl, case, output=None, forward=None):
-    """``impl.forward`` as vLLM calls it in this cell; returns ``(output buffer [T, N, D], return value)``."""
-    out = output if output is not None else torch.full((case.num_tokens, impl.num_heads, impl.head_size),
-                                                       float("nan"), dtype=case.query.dtype)
-    with eager_forward_context(case.metadata):
-        ret = forward_as_vllm(impl, _Layer(), case.query, case.key, case.value, (case.key_cache, case.value_cache),
-                              case.metadata, out, layout=installed_layout(), forward=forward)
-    return out, ret
 
 
 STATE_CASES = {

@@ -29,11 +29,8 @@ since there a bf16 and a float32 router legitimately pick different experts.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 import inspect
-import itertools
-import os
 
 import pytest
 import torch
@@ -41,8 +38,9 @@ import torch.nn.functional as F
 
 from gptoss_patch.testing import vllm_setup
 from gptoss_patch.testing.moe_case import (COMM_TYPES, FUSED_COMM_TYPES, TOP_K, Weights,  # noqa: F401
-                                           cell_layout, hf_mlp, make_tokens, make_weights, moe_modules, reference,
-                                           rel_err, routed_out, select_moe_comm_type, set_default_torch_dtype)
+                                           build_layer, cell_layout, env_var, fp32_nz_off, hf_mlp, make_tokens,
+                                           make_weights, moe_modules, reference, rel_err, routed_out, run_layer,
+                                           select_moe_comm_type, set_default_torch_dtype)
 from gptoss_patch.testing.tiny import write_checkpoint
 
 H_SMALL, I_SMALL = 64, 96  # small dims
@@ -90,86 +88,6 @@ def configs(ckpt):
 def mods(layout):
     """The cell's MoE modules (:class:`gptoss_patch.testing.moe_case.MoEModules`)."""
     return moe_modules(layout)
-
-
-_names = itertools.count()
-
-
-def fp32_nz_off(dtype):
-    """``VLLM_ASCEND_ENABLE_NZ=0`` while a float32 layer is processed on a release that decides MoE NZ with
-    ``is_enable_nz`` (0.11.x, 0.12.0rc1), which casts float32 experts whenever it casts bf16 ones - by default on
-    0.12.0rc1 - and the grouped matmul rejects float32 NZ weights whatever their shape (0.13.0+'s ``maybe_trans_nz``
-    keeps float32 in ND). Elsewhere a no-op."""
-    import vllm_ascend.utils as vu
-
-    if dtype != torch.float32 or not hasattr(vu, "is_enable_nz"):
-        return contextlib.nullcontext()
-    return env_var("VLLM_ASCEND_ENABLE_NZ", "0")
-
-
-@contextlib.contextmanager
-def env_var(name, value):
-    """``os.environ[name] = value`` for the duration (``None``: unset)."""
-    old = os.environ.get(name)
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
-
-
-def build_layer(cfg, w, dtype, *, tp_rank=0, tp_size=1, activation="swigluoai", has_bias=True, release_nz=False):
-    """The MoE layer as vLLM's ``gpt_oss.py`` builds it (``FusedMoE(...)`` with ``MLPBlock``'s arguments), holding
-    tensor-parallel rank ``tp_rank`` of ``tp_size``'s weights, loaded the way vLLM 0.11.0's
-    ``GptOssModel._load_weights_other`` loads them without expert parallelism (column range ``2*start:2*end`` of the
-    interleaved ``gate_up_proj``, row range of ``down_proj``, ``w2_bias`` only on rank 0), then
-    ``process_weights_after_loading``. ``tp_size > 1`` builds that rank's layer in this single-process world (the
-    per-rank shapes; the all-reduce is done by the caller). Float32 layers get :func:`fp32_nz_off` unless
-    ``release_nz``."""
-    from vllm.model_executor.layers.fused_moe import FusedMoE
-
-    e, h, i = w.dims
-    per_rank = i // tp_size
-    start, end = tp_rank * per_rank, (tp_rank + 1) * per_rank
-    with vllm_setup.ascend_context(vllm_config=cfg), set_default_torch_dtype(dtype):
-        layer = FusedMoE(num_experts=e, top_k=TOP_K, hidden_size=h, intermediate_size=per_rank, reduce_results=True,
-                         renormalize=True, quant_config=None, prefix=f"test_moe.{next(_names)}.experts",
-                         apply_router_weight_on_input=False, has_bias=has_bias, activation=activation,
-                         is_sequence_parallel=False)
-        with torch.no_grad():
-            layer.w13_weight.copy_(w.w13[:, :, 2 * start:2 * end].permute(0, 2, 1))
-            layer.w2_weight.copy_(w.w2[:, start:end, :].permute(0, 2, 1))
-            if has_bias:
-                layer.w13_bias.copy_(w.b13[:, 2 * start:2 * end])
-                layer.w2_bias.copy_(w.b2 if tp_rank == 0 else torch.zeros_like(w.b2))
-        with (contextlib.nullcontext() if release_nz else fp32_nz_off(dtype)):
-            layer.quant_method.process_weights_after_loading(layer)
-    return layer
-
-
-def run_layer(cfg, layer, w, x, *, moe_comm_type=None, with_prefill=True):
-    """Router ``Linear`` (in the layer's dtype, as ``MLPBlock.router``) then the MoE layer, in vllm-ascend's forward
-    context for ``len(x)`` tokens, with the communication method the release's runner picks (or ``moe_comm_type``).
-    The MoE communication methods are process-global in vllm-ascend (set up by the last ``AscendFusedMoE`` built), so
-    they are set up for this layer first."""
-    comm = moe_modules(cell_layout()).comm
-    dtype = layer.w13_weight.dtype
-    xd = x.to(dtype)
-    with vllm_setup.ascend_context(vllm_config=cfg), torch.no_grad():
-        comm.setup_moe_comm_method(layer.moe_config)
-        if moe_comm_type is None:
-            moe_comm_type = select_moe_comm_type(cfg, xd.shape[0], with_prefill)
-        logits = F.linear(xd, w.router_w.to(dtype), w.router_b.to(dtype))
-        with vllm_setup.forward_context(cfg, xd.shape[0], with_prefill=with_prefill, moe_comm_type=moe_comm_type):
-            return layer(hidden_states=xd, router_logits=logits)
-
-
 
 
 def assert_bf16_close(out, w, x, ref32):

@@ -210,9 +210,10 @@ def test_accuracy_dry_run_prints_the_exact_command(tmp_path):
         "max_retries=1,timeout=600", "--tasks", "gptoss_mmlu,gptoss_gsm8k", "--include_path",
         str(work.resolve() / "tasks"), "--apply_chat_template", "--output_path", str(work.resolve() / "results"),
         "--log_samples", "--seed", "0", "--limit", "4", "--gen_kwargs", "reasoning_effort=low"]
+    assert not work.exists()  # a dry run writes nothing into --workdir (issue 17); the real run's files:
+    eval_accuracy.prepare(work, mmlu=MMLU_DIR, gsm8k=GSM8K)
     assert json.loads((work / "tasks" / "gptoss_gsm8k.yaml").read_text())["dataset_kwargs"] == {
         "data_files": {"test": str(work.resolve() / "data" / "gptoss_gsm8k.jsonl")}}
-    assert not (work / "results").exists()  # nothing ran
     bad = _run(["scripts/eval_accuracy.py", "--server", "http://h:1", "--model", "a,b", "--gsm8k", str(GSM8K),
                 "--workdir", str(work), "--dry-run"])
     assert bad.returncode == 2 and "contains ',' or '='" in bad.stderr
@@ -253,6 +254,37 @@ def test_bench_dry_run_prints_evalscope_commands_its_parser_accepts(tmp_path):
         args = ["--server", "http://h:1", "--model", "m", "--tokenizer", str(tok), *bad_args, "--dry-run"]
         bad = _run(["scripts/bench_serving.py", *args])
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
+
+
+RANGE_CASES = [
+    ("scripts/eval_accuracy.py", "--limit", "0"), ("scripts/eval_accuracy.py", "--max-tokens", "0"),
+    ("scripts/eval_accuracy.py", "--concurrency", "0"), ("scripts/eval_accuracy.py", "--timeout", "0"),
+    ("scripts/eval_accuracy.py", "--max-retries", "-1"), ("scripts/eval_accuracy.py", "--deadline", "-5"),
+    ("scripts/bench_serving.py", "--concurrency", "1,0"), ("scripts/bench_serving.py", "--prompts-per-level", "0"),
+    ("scripts/bench_serving.py", "--request-timeout", "0"), ("scripts/bench_serving.py", "--deadline", "0"),
+    ("-m gptoss_patch.server_probe", "--timeout", "0"), ("-m gptoss_patch.verify", "--server-timeout", "-1"),
+    ("-m gptoss_patch.verify", "--chat-max-tokens", "0"),
+]
+_OPTIONS = {"--limit", "--max-tokens", "--concurrency", "--timeout", "--max-retries", "--deadline",
+            "--prompts-per-level", "--request-timeout", "--server-timeout", "--chat-max-tokens"}
+
+
+@pytest.mark.parametrize("tool, option, value", RANGE_CASES, ids=[f"{t.split('/')[-1]}{o}" for t, o, _ in RANGE_CASES])
+def test_a_range_error_names_the_one_wrong_option(tmp_path, tool, option, value):
+    """Issue 17: an out-of-range value is a usage error (exit 2) naming that option and no other."""
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    common = {"scripts/eval_accuracy.py": ["--server", "http://h:1", "--model", "m", "--gsm8k", str(GSM8K),
+                                           "--workdir", str(tmp_path / "w"), "--dry-run"],
+              "scripts/bench_serving.py": ["--server", "http://h:1", "--model", "m", "--tokenizer", str(tok),
+                                           "--dry-run"],
+              "-m gptoss_patch.server_probe": ["http://h:1"],
+              "-m gptoss_patch.verify": ["--server", "http://h:1"]}[tool]
+    proc = _run([*tool.split(), *common, option, value])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    error = proc.stderr.strip().splitlines()[-1]
+    assert f"argument {option}" in error and value in error, error
+    assert not [o for o in _OPTIONS - {option} if o + ":" in error or o + " " in error], error
 
 
 def test_level_checks_catch_failed_requests_and_early_stops():

@@ -52,6 +52,9 @@ def test_matrix_json_has_typed_values():
     (["--server", "http://127.0.0.1:9", "--matrix"], "--matrix"),
     (["--server", "http://127.0.0.1:9", "--matrix", "--json"], "--server"),
     (["--server", "http://127.0.0.1:9", "--model", "m", "--tensor-parallel-size", "8"], "--tensor-parallel-size"),
+    (["--selftest", "--matrix"], "--selftest"),
+    (["--selftest", "--server", "http://127.0.0.1:9"], "--selftest"),
+    (["--report", "r.md", "--matrix"], "--report"),
 ])
 def test_option_combinations_that_mean_nothing_are_usage_errors(args, option):
     proc = verify(*args)

@@ -72,6 +72,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -230,6 +231,29 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
         out[s0:s1] = o.permute(2, 0, 1, 3).reshape(c, n, dv)
         lse[s0:s1] = l_.squeeze(-1).permute(2, 0, 1).reshape(c, n)
     return out, lse
+
+
+#: Variable naming operator deviations to *inject* (comma-separated), for tests that must see a numerical check
+#: fail: ``band129`` - ``sparse_mode 4`` admits one key more than documented (``pre_tokens + 2``: the band
+#: ``pre_tokens=127`` then holds 129 keys, as a CANN release with an off-by-one band would; docs/operators.md
+#: "Sliding-window band"); ``drop_sink`` - ``learnable_sink`` is accepted and ignored (an op-plugin that lacks
+#: it). Read at every call; unknown names raise ``ValueError``. Never set outside tests (docs/simulator.md).
+FAULT_ENV = "GPTOSS_PATCH_SIM_FAULT"
+FAULTS = ("band129", "drop_sink")
+
+
+def _faults() -> frozenset:
+    """The deviations injected through :data:`FAULT_ENV` (empty normally).
+
+    Raises:
+        ValueError: a name that is not in :data:`FAULTS`.
+    """
+    raw = os.environ.get(FAULT_ENV, "")
+    names = frozenset(x.strip() for x in raw.split(",") if x.strip())
+    unknown = sorted(names - set(FAULTS))
+    if unknown:
+        raise ValueError(f"{FAULT_ENV}: unknown fault(s) {unknown}; known: {list(FAULTS)}")
+    return names
 
 
 def _rel(sq: int, skv: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -729,7 +753,7 @@ def _fia_prepare(a: _Fia) -> _Plan:  # noqa: C901 - one validation routine per d
         if s.dtype not in ok:
             ext = " (or float32, a simulator extension)" if ACCEPT_FLOAT32 else ""
             _fail(op, f"learnable_sink must be bfloat16{ext}, got {s.dtype}")
-        sink = s.detach().to(torch.float32)
+        sink = None if "drop_sink" in _faults() else s.detach().to(torch.float32)  # FAULT_ENV: tests only
 
     if tnd:
         out_shape = (q.shape[0], n, dv)
@@ -765,7 +789,8 @@ def _allowed(p: _Plan, j: _Job) -> Optional[torch.Tensor]:
     if mode == 3:
         return _band(sq, skv, -(sq + skv + 1), off)
     if mode == 4:
-        return _band(sq, skv, off - pre, off + nxt)
+        extra = 1 if "band129" in _faults() else 0  # injected deviation (FAULT_ENV), tests only
+        return _band(sq, skv, off - pre - extra, off + nxt)
     if mask is None:
         return None
     m = mask if mask.dim() == 2 else mask.reshape(mask.shape[0], mask.shape[-2], mask.shape[-1])[

@@ -1,0 +1,52 @@
+"""argparse value checks shared by the command-line tools (verify, server_probe, eval_accuracy, bench_serving).
+
+Each returns an argparse ``type=`` callable, so a value out of range is a usage error (exit 2) whose message names the
+one option that holds it (argparse: ``argument --limit: must be >= 1, got 0``), not a combined message about several.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+
+def at_least(minimum: int) -> Callable[[str], int]:
+    """``type=`` for an integer ``>= minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+def positive_float(text: str) -> float:
+    """``type=`` for a finite number ``> 0`` (seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def int_list(minimum: int) -> Callable[[str], list[int]]:
+    """``type=`` for comma-separated integers, each ``>= minimum`` (e.g. concurrency levels ``1,10,64``)."""
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(x) for x in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be comma-separated integers, got {text!r}") from None
+        low = [v for v in values if v < minimum]
+        if low:
+            raise argparse.ArgumentTypeError(f"every level must be >= {minimum}, got {low[0]} in {text!r}")
+        return values
+
+    return parse

@@ -1,0 +1,84 @@
+"""``verify --selftest`` in a patched cell (layouts B, C, E, F): every case runs through the patched vllm-ascend code
+and meets its stated tolerance against transformers; an operator deviation injected into the simulator
+(``GPTOSS_PATCH_SIM_FAULT``: the 129-key band of ``sparse_mode 4``, a dropped ``learnable_sink``) makes it exit 1 and
+name exactly the cases that deviation breaks (gptoss_patch/selftest.py states the cases and tolerances)."""
+
+import pytest
+
+from conftest import run_selftest
+
+from gptoss_patch import selftest
+
+#: Every case a patched row runs: attention per operator path (the simulated torch_npu offers both), state and layer
+#: kind, the FULL_DECODE_ONLY graph per path, the two MoE shapes, the YaRN cache.
+EXPECTED = {f"attention/{path}/{label}/{kind}" for path in ("v2", "lse")
+            for label, *_ in selftest.PATCHED_ATTENTION for kind in ("sliding", "full")}
+EXPECTED |= {f"graph/{path}/full_decode_only/capture_replay_update" for path in ("v2", "lse")}
+EXPECTED |= {"moe/swigluoai_biases/120b_tp8_rank/unpadded_360_nd", "moe/swigluoai_biases/120b_tp8_rank/padded_368",
+             "yarn/cos_sin_cache/truncate_false"}
+
+
+@pytest.mark.xdist_group("verify")
+def test_verify_simulate_selftest_passes_every_case(verify_simulate):
+    proc, report = verify_simulate  # conftest: the one `verify --simulate --selftest --json` run of the session
+    st = report["selftest"]
+    assert proc.returncode == 0, (report["problems"], st["failed"])
+    assert {c["case"] for c in st["cases"]} == EXPECTED
+    for c in st["cases"]:
+        assert c["ok"] and not c["skipped"] and c["error"] is None, c
+        assert 0 <= c["max_error"] <= c["tolerance"], c
+    tol = {c["case"]: c["tolerance"] for c in st["cases"]}
+    assert tol["attention/v2/decode_127_128_129/sliding"] == 3 * 2 ** -8
+    assert tol["yarn/cos_sin_cache/truncate_false"] == 1e-5
+    assert st["ok"] and st["failed"] == [] and "simulator" in st["device"]
+
+
+def test_selftest_human_lines_name_case_error_and_tolerance(verify_simulate):
+    _, report = verify_simulate
+    st = report["selftest"]
+    obj = selftest.SelfTest(st["device"], st["rows"], [selftest.CaseResult(**c) for c in st["cases"]],
+                            st["not_covered"], st["seconds"])
+    lines = obj.lines()
+    row = next(line for line in lines if line.startswith("attention/lse/prefix_hit/full "))
+    case = next(c for c in st["cases"] if c["case"] == "attention/lse/prefix_hit/full")
+    assert f"{case['max_error']:.2e}" in row and f"{case['tolerance']:.2e}" in row and "PASS" in row
+    assert lines[-1].startswith("self-test passed")
+
+
+def test_injected_129_key_band_fails_the_sliding_cases():
+    """A ``sparse_mode 4`` band one key wider than documented: every sliding-window case on both paths fails (they
+    all hold a query at position >= 128 whose window then reaches key 0), the full-attention cases still pass."""
+    proc, report = run_selftest("band129")
+    assert proc.returncode == 1
+    failed = set(report["selftest"]["failed"])
+    sliding = {c for c in EXPECTED if c.startswith("attention/") and c.endswith("/sliding")}
+    assert failed == sliding
+    assert any(p.startswith("self-test failed:") and "attention/v2/decode_127_128_129/sliding" in p
+               for p in report["problems"])
+
+
+def test_injected_dropped_sink_fails_the_v2_cases_and_the_report_says_so(tmp_path, cell, layout):
+    """``learnable_sink`` ignored by the operator: every eager attention case of the v2 path fails; the LSE path,
+    which applies the sink itself (``out * sigmoid(lse - sink)``), passes (and the graph cases compare graph with
+    eager, which drop the sink alike). The ``--report`` file of that run, read back: versions, decision, patches with
+    drift, the self-test table with the failing rows, activation per process kind, the environment without secrets."""
+    path = tmp_path / "report.md"
+    proc, report = run_selftest("drop_sink", "--report", str(path), VLLM_API_KEY="sk-do-not-print-1234567890",
+                                VLLM_WORKER_MULTIPROC_METHOD="spawn", HF_TOKEN="hf_do_not_print")
+    assert proc.returncode == 1
+    assert set(report["selftest"]["failed"]) == {c for c in EXPECTED if c.startswith("attention/v2/")}
+    assert "attention/v2/prefill_127_128_129/full" in report["problems"][-1]
+    text = path.read_text()
+    assert f"| vllm-ascend | {cell} |" in text and "`apply` - " in text and "Result: **NOT OK**" in text
+    for p in report["status"]["patches"]:
+        assert f"| {p['name']} | applied | {p['target']} | {p['drift']} |" in text
+    for c in report["selftest"]["cases"]:
+        verdict = "PASS" if c["ok"] else "FAIL"
+        assert f"| {c['case']} | {c['max_error']:.3e} | {c['tolerance']:.3e} | {verdict} |" in text, c["case"]
+    for label in ("this process (verify)", "fresh interpreter", "spawn", "forkserver"):
+        assert f"| {label} | apply |" in text, label
+    assert "| forkserver | apply | import-hook |" in text
+    assert "| VLLM_WORKER_MULTIPROC_METHOD | `spawn` |" in text and "| GPTOSS_PATCH_SIM_FAULT | `drop_sink` |" in text
+    assert "| VLLM_API_KEY | `(set; value not shown)` |" in text
+    assert "sk-do-not-print" not in text and "hf_do_not_print" not in text and "HF_TOKEN" not in text
+    assert "- self-test failed: attention/v2/" in text

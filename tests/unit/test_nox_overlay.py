@@ -1,0 +1,85 @@
+"""noxfile.py: every nox run installs its checkout into a venv of its own, layered over the shared cached venv
+(``overlay_venv``), so two checkouts running nox at once never reinstall into the same cached venv and test each
+other's code (issue 17).
+
+The cached venv here is a plain venv holding a marker package and a stale gptoss-patch (``0.0.0+stale`` with its
+``.pth``, as an earlier run that installed into the cached venv left it); two copies of this checkout that differ only
+in their version (``0.1.0+a`` / ``0.1.0+b``) are installed over it at the same time, each by ``uv`` as the nox sessions
+do (``GPTOSS_UV`` names the binary; the unit session sets it)."""
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+
+def _snapshot(directory: Path) -> dict[str, float]:
+    return {str(p.relative_to(directory)): p.stat().st_mtime for p in directory.rglob("*")}
+
+
+def _checkout(dest: Path, version: str) -> Path:
+    """A copy of what the wheel is built from, with ``version``."""
+    dest.mkdir()
+    for name in ("pyproject.toml", "README.md", "gptoss_patch.pth", "gptoss_patch.start"):
+        shutil.copy(ROOT / name, dest / name)
+    shutil.copytree(ROOT / "gptoss_patch", dest / "gptoss_patch", ignore=shutil.ignore_patterns("__pycache__"))
+    (dest / "gptoss_patch" / "_version.py").write_text(f'__version__ = "{version}"\n')
+    return dest
+
+
+def test_two_checkouts_at_once_install_into_their_own_overlay(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT))
+    try:
+        import noxfile
+    finally:
+        sys.path.remove(str(ROOT))
+    try:
+        noxfile._uv()
+    except SystemExit:
+        pytest.fail("no uv binary: run through `nox -s unit` (it sets GPTOSS_UV) or pip install uv")
+    base = tmp_path / "cached"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(base)], check=True)
+    base_py = base / "bin" / "python"
+    base_site = Path(noxfile._purelib(base_py))
+    (base_site / "cellbase_marker.py").write_text("WHERE = 'cached venv'\n")
+    stale = base_site / "gptoss_patch"
+    shutil.copytree(ROOT / "gptoss_patch", stale, ignore=shutil.ignore_patterns("__pycache__"))
+    (stale / "_version.py").write_text('__version__ = "0.0.0+stale"\n')
+    shutil.copy(ROOT / "gptoss_patch.pth", base_site / "gptoss_patch.pth")
+    before = _snapshot(base)
+
+    sources = {k: _checkout(tmp_path / f"checkout-{k}", f"0.1.0+{k}") for k in ("a", "b")}
+    pythons, errors = {}, []
+
+    def install(k):
+        try:
+            pythons[k] = noxfile.overlay_venv(base_py, sources[k], tmp_path / f"run-{k}")
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append((k, exc))
+
+    threads = [threading.Thread(target=install, args=(k,)) for k in sources]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors, errors
+    for k, py in pythons.items():
+        out = subprocess.run([str(py), "-c", "import sys; hooked = 'gptoss_patch._bootstrap' in sys.modules\n"
+                              "import gptoss_patch, cellbase_marker\n"
+                              "print(gptoss_patch.__version__, gptoss_patch.__file__, cellbase_marker.WHERE)\n"
+                              "print(hooked)"],
+                             capture_output=True, text=True, env={k2: v for k2, v in os.environ.items()
+                                                                   if not k2.startswith("GPTOSS_PATCH_")})
+        assert out.returncode == 0, out.stderr
+        version, path, where = out.stdout.splitlines()[0].split(" ", 2)
+        assert version == f"0.1.0+{k}"  # this checkout's code, not the other's nor the cached venv's
+        assert Path(path).is_relative_to(tmp_path / f"run-{k}")
+        assert where == "cached venv"  # everything else comes from the cached venv
+        assert out.stdout.splitlines()[1] == "True"  # the overlay's own gptoss_patch.pth ran at start-up
+    assert _snapshot(base) == before  # nothing was installed into (or removed from) the cached venv
