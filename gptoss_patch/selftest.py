@@ -418,12 +418,12 @@ def run(status: Any = None) -> SelfTest:
         :class:`SelfTest`; never raises for a failing case (the case says what went wrong). On a stack that is not
         covered (decision *refuse* / *disabled*) it has no cases and is not ok.
     """
-    import gptoss_patch
     from gptoss_patch import environment, matrix
+    from gptoss_patch._state import status as current_status
     from gptoss_patch.kernels import attention as kernels
 
     start = time.monotonic()
-    status = status or gptoss_patch.status()
+    status = status or current_status()
     versions = environment.installed_versions()
     device = "the CPU NPU simulator" if versions.simulated_npu else f"torch_npu {versions.torch_npu}"
     row = next((r for r in matrix.ROWS if r.vllm_ascend == status.row), None)
