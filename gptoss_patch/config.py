@@ -30,6 +30,7 @@ CACHE_DIR = "GPTOSS_PATCH_CACHE_DIR"
 WHEEL_CACHE = "GPTOSS_PATCH_WHEEL_CACHE"
 VENV_CACHE = "GPTOSS_PATCH_VENV_CACHE"
 SIM_NPU_MEMORY = "GPTOSS_PATCH_SIM_NPU_MEMORY"
+SIM_FAULT = "GPTOSS_PATCH_SIM_FAULT"
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class Variable:
     Attributes:
         name: ``GPTOSS_PATCH_…``.
         kind: ``"bool"``, ``"choice"`` (one of ``choices``; empty = ``default``), ``"soc"`` (an integer of
-            ``choices``), ``"path"`` (a directory) or ``"bytes"`` (a size, :func:`size_bytes`).
+            ``choices``), ``"path"`` (a directory), ``"bytes"`` (a size, :func:`size_bytes`) or ``"names"``
+            (comma-separated ``choices``, :func:`names`).
         choices: accepted values (``choice``/``soc``).
         default: the value when unset or empty (``None``: none).
         readme: listed in the README's environment table (the user-facing ones); the others are developer settings.
@@ -67,6 +69,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable(WHEEL_CACHE, "path", readme=False),    # gptoss_patch.testing.release_source: downloaded releases
     Variable(VENV_CACHE, "path", readme=False),     # noxfile.py: the cached test environments
     Variable(SIM_NPU_MEMORY, "bytes", default=str(8 << 30), readme=False),  # testing.npu_sim.runtime: capacity
+    Variable(SIM_FAULT, "names", ("band129", "drop_sink"), readme=False),  # testing.npu_sim.ops.attention: tests
 )}
 
 
@@ -146,6 +149,22 @@ def size_bytes(name: str, environ: Mapping[str, str] | None = None) -> int:
         raise ValueError(f"{name}={raw!r}: give a positive number of bytes, optionally with KiB, MiB or GiB "
                          "(e.g. 8GiB)")
     return int(m.group(1)) << {None: 0, "KiB": 10, "MiB": 20, "GiB": 30}[m.group(2)]
+
+
+def names(name: str, environ: Mapping[str, str] | None = None) -> frozenset:
+    """A comma-separated list of ``choices`` (empty when unset).
+
+    Raises:
+        ValueError: naming the variable and the unknown entries.
+    """
+    var = VARIABLES[name]
+    if var.kind != "names":
+        raise KeyError(f"{name} is not a list variable")
+    found = frozenset(x.strip() for x in _raw(name, environ).split(",") if x.strip())
+    unknown = sorted(found - set(var.choices))
+    if unknown:
+        raise ValueError(f"{name}: unknown value(s) {unknown}; known: {list(var.choices)}")
+    return found
 
 
 def simulate_npu(environ: Mapping[str, str] | None = None) -> bool:

@@ -72,7 +72,6 @@ from __future__ import annotations
 
 import inspect
 import operator
-import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -238,8 +237,10 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
 #: ``pre_tokens=127`` then holds 129 keys, as a CANN release with an off-by-one band would; docs/operators.md
 #: "Sliding-window band"); ``drop_sink`` - ``learnable_sink`` is accepted and ignored (an op-plugin that lacks
 #: it). Read at every call; unknown names raise ``ValueError``. Never set outside tests (docs/simulator.md).
-FAULT_ENV = "GPTOSS_PATCH_SIM_FAULT"
-FAULTS = ("band129", "drop_sink")
+from gptoss_patch import config as _config  # noqa: E402
+
+FAULT_ENV = _config.SIM_FAULT
+FAULTS = _config.VARIABLES[FAULT_ENV].choices
 
 
 def _faults() -> frozenset:
@@ -248,12 +249,7 @@ def _faults() -> frozenset:
     Raises:
         ValueError: a name that is not in :data:`FAULTS`.
     """
-    raw = os.environ.get(FAULT_ENV, "")
-    names = frozenset(x.strip() for x in raw.split(",") if x.strip())
-    unknown = sorted(names - set(FAULTS))
-    if unknown:
-        raise ValueError(f"{FAULT_ENV}: unknown fault(s) {unknown}; known: {list(FAULTS)}")
-    return names
+    return _config.names(FAULT_ENV)
 
 
 def _rel(sq: int, skv: int) -> tuple[torch.Tensor, torch.Tensor]:
