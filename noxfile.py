@@ -381,10 +381,10 @@ def _record(name: str, env_s: float, tests_s: float) -> None:
 #: gptoss-patch), warm = every venv of the run came from the cache; ``TOTAL_BUDGET``: the whole run. Sized from
 #: runs on CI's machine kind (2 cores, shared) with headroom; CI's hard limit is 90 min, the goal <= 35 min warm
 #: with 9 cells. Budgets live here only: no test asserts a duration.
-TEST_BUDGETS = {"unit": 600, "cell-0.11.0": 800}
-DEFAULT_TEST_BUDGET = {"patched": 700, "native": 400}
+TEST_BUDGETS = {"unit": 600, "cell-0.11.0": 1500}
+DEFAULT_TEST_BUDGET = {"patched": 1200, "native": 700}
 ENV_BUDGET = {"warm": 90, "cold": 400}
-TOTAL_BUDGET = {"warm": 60 * 60, "cold": 85 * 60}
+TOTAL_BUDGET = {"warm": 80 * 60, "cold": 88 * 60}
 
 #: pytest-xdist workers per session (one per core; CI has 2). Cells: ``loadgroup`` - tests sharing an expensive run
 #: carry ``xdist_group`` marks (tests/cell/conftest.py ``verify_simulate``), the rest are spread one by one. Unit:
