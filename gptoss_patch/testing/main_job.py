@@ -305,12 +305,17 @@ def main(argv: list[str] | None = None) -> int:
 
     npu_sim.install()
     report = run(args.workdir, steps=args.steps, dtype=args.dtype, graph=args.graph, checkpoint_format=args.checkpoint)
-    if args.json:
+    return emit(report, args.json, print_report)
+
+
+def emit(report, as_json: bool, printer) -> int:
+    """Print ``report`` (a dataclass with an ``ok`` property) as JSON or through ``printer``; 0 when ok, else 1."""
+    if as_json:
         d = asdict(report)
         d["ok"] = report.ok
         print(json.dumps(d, default=str))
     else:
-        print_report(report)
+        printer(report)
     return 0 if report.ok else 1
 
 

@@ -141,3 +141,41 @@ def compare_ranks(E: int = 4, H: int = 64, I: int = 96, tp: int = 2, ep: int = 1
         if moe_config is not None:
             moe_config.get_tensor_model_parallel_rank = saved_moe
     return results
+
+
+_RANKS = """
+import json
+from gptoss_patch.testing import npu_sim
+npu_sim.install()
+import vllm_ascend  # noqa: F401 - activation through the import hook, as in an NPU worker
+from gptoss_patch.testing.mxfp4_case import compare_ranks
+print("RANKS-RESULT " + json.dumps({f"tp{tp}-ep{ep}": compare_ranks(tp=tp, ep=ep) for tp, ep in ((2, 1), (4, 1), (1, 2))}))
+"""
+
+
+def check_every_rank() -> dict:
+    """Run :func:`compare_ranks` for TP 2, TP 4 and EP 2 in a child interpreter (a fresh distributed world) and assert
+    what the cell tests require: every TP rank's experts equal vLLM's BF16 load bit for bit with nothing left unset; EP
+    equal too, or - where vLLM's BF16 loader itself fails (vLLM 0.11.0's swapped EP range) - the MXFP4 load failing
+    with the same error. Returns the child's results.
+
+    Raises:
+        AssertionError: the child gave no result, or a rank differs.
+    """
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _RANKS], capture_output=True, text=True, timeout=900)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RANKS-RESULT ")), None)
+    assert line is not None, f"child gave no result (rc {proc.returncode}): {proc.stderr[-3000:]}"
+    res = json.loads(line[len("RANKS-RESULT "):])
+    print(f"per-rank MXFP4 vs BF16 loads: { {k: [r['equal'] or r['bf16_error'] for r in v] for k, v in res.items()} }")
+    for case in ("tp2-ep1", "tp4-ep1"):
+        assert [r["equal"] and not r["nan_left"] for r in res[case]] == [True] * int(case[2]), res[case]
+    for r in res["tp1-ep2"]:
+        if r["bf16_error"] is None:
+            assert r["equal"] and not r["nan_left"], r
+        else:
+            assert r["mxfp4_error"] == r["bf16_error"], r
+    return res

@@ -40,7 +40,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 #: |server logprob - reference log_softmax| accepted per generated token (float32 both sides; the measured
@@ -478,13 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_tokens < 1:
         ap.error(f"--max-tokens must be >= 1, got {args.max_tokens}")
     report = run(args.workdir, mode=args.mode, max_tokens=args.max_tokens, checkpoint_format=args.checkpoint)
-    if args.json:
-        d = asdict(report)
-        d["ok"] = report.ok
-        print(json.dumps(d, default=str))
-    else:
-        print_report(report)
-    return 0 if report.ok else 1
+    from gptoss_patch.testing.main_job import emit
+
+    return emit(report, args.json, print_report)
 
 
 if __name__ == "__main__":

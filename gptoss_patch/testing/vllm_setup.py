@@ -210,11 +210,12 @@ def import_worker_patches_without_torchvision() -> list[str]:
     Raises:
         ModuleNotFoundError / any error of a worker patch other than a missing ``torchvision``.
     """
-    import ast
     import importlib.util
     import sys
 
     import vllm_ascend.patch as parent
+
+    from gptoss_patch.testing.npu_sim.torch_compat import _WorkerPatchLoader
 
     if "vllm_ascend.patch.worker" in sys.modules:
         return list(_skipped_worker_patches)
@@ -222,15 +223,7 @@ def import_worker_patches_without_torchvision() -> list[str]:
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     try:
-        source = open(spec.origin, encoding="utf-8").read()
-        for node in ast.parse(source, spec.origin).body:
-            code = compile(ast.Module([node], []), spec.origin, "exec")
-            try:
-                exec(code, module.__dict__)  # noqa: S102 - upstream's own package __init__, one statement at a time
-            except ModuleNotFoundError as exc:
-                if exc.name != "torchvision":
-                    raise
-                _skipped_worker_patches.append(ast.unparse(node))
+        _WorkerPatchLoader(spec.origin).exec_module(module)
     except BaseException:
         sys.modules.pop(spec.name, None)
         raise
