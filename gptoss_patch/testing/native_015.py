@@ -73,11 +73,11 @@ def expected_worker_patches() -> tuple[set[str], list[str]]:
     for node in tree.body:
         if ast.unparse(node) in skipped:
             continue
-        for n in ast.walk(node):
-            if isinstance(n, ast.Import):
-                names |= {a.name for a in n.names if a.name.startswith(_WP)}
-            elif isinstance(n, ast.ImportFrom) and n.module and n.module.startswith(_WP):
-                names.add(n.module)
+        # top-level imports only: those under a condition (``if HAS_TRITON:``) may rightly not run here
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names if a.name.startswith(_WP)}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(_WP):
+            names.add(node.module)
     return names, skipped
 
 
