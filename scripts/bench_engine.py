@@ -2,7 +2,7 @@
 decode step, for the installed vllm / vllm-ascend pair (run it in a matrix cell, e.g. the patched 0.11.0 cell and the
 native 0.15.0rc1 cell, and compare). Figures are printed, never asserted.
 
-``python scripts/bench_engine.py [--workdir DIR] [--steps 32] [--skip-serve]``
+``python scripts/bench_engine.py [--workdir DIR] [--steps 32] [--skip-serve] [--skip-decode]``
 
 * Start-up (``vllm serve``, PIECEWISE, the main job's flags): seconds from launch to each phase vLLM and vllm-ascend
   log (model loaded, torch.compile done, ACL graphs captured, engine initialised, ``/health`` answering), read from
@@ -112,7 +112,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path,
                     default=Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job")
     ap.add_argument("--steps", type=int, default=32)
-    ap.add_argument("--skip-serve", action="store_true")
+    ap.add_argument("--skip-serve", action="store_true", help="no vllm serve start-up measurement")
+    ap.add_argument("--skip-decode", action="store_true",
+                    help="no decode-step measurement (native 0.15-0.18 stop at the first sliding-window prefill)")
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
@@ -121,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"vllm {md.version('vllm')} + vllm-ascend {md.version('vllm-ascend')}")
     if not args.skip_serve:
         bench_startup(args.workdir)
-    bench_decode(args.workdir, args.steps)
+    if not args.skip_decode:
+        bench_decode(args.workdir, args.steps)
     return 0
 
 
