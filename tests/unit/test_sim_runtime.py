@@ -119,3 +119,35 @@ def test_operators_in_compiled_regions_are_single_graph_nodes():
     torch.testing.assert_close(q2, eager[1])
     assert any("gptoss_sim.npu_rms_norm" in t for t in seen), seen
     assert any("gptoss_sim._npu_rotary_embedding" in t for t in seen), seen
+
+
+def test_custom_op_aliasing_check_warns_under_ci_as_on_a_shell():
+    """torch 2.13 raises on a custom op returning its input only when ``CI`` is set; with the simulator it warns in
+    both (vllm-ascend 0.12-0.14's ``maybe_pad_and_reduce`` at TP 1 did that, and CI's run failed on it). Checked in a
+    fresh interpreter with ``CI=1``, once without the simulator (the raise) and once with it."""
+    import os
+    import subprocess
+    import sys
+
+    probe = (  # defined as vLLM's direct_register_custom_op does (a Library fragment, a CPU kernel, a fake kernel)
+        "import torch, warnings\n"
+        "lib = torch.library.Library('gptoss_probe', 'FRAGMENT')\n"
+        "lib.define('same(Tensor x) -> Tensor')\n"
+        "lib.impl('same', lambda x: x, 'CPU')\n"
+        "torch.library.register_fake('gptoss_probe::same', lambda x: torch.empty_like(x), lib=lib)\n"
+        "f = torch.compile(lambda x: torch.ops.gptoss_probe.same(x) + 1, backend='aot_eager')\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    try:\n"
+        "        f(torch.ones(3))\n"
+        "        print('warned' if any('alias' in str(x.message) for x in w) else 'silent')\n"
+        "    except RuntimeError as e:\n"
+        "        print('raised' if 'alias' in str(e) else 'other')\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING"}
+    env["CI"] = "1"
+    plain = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    sim = subprocess.run([sys.executable, "-c", "from gptoss_patch.testing import npu_sim; npu_sim.install()\n" + probe],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert plain.stdout.strip() == "raised", plain.stdout + plain.stderr[-2000:]
+    assert sim.stdout.strip() == "warned", sim.stdout + sim.stderr[-2000:]

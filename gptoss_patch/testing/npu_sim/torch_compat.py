@@ -5,7 +5,8 @@ each changes nothing but the one incompatibility it names:
 * :func:`install` - vLLM 0.11's TorchDynamo hook and torch 2.13's extra keyword (below);
 * :func:`install_worker_patch_tolerance` - vllm-ascend's worker patches without torchvision;
 * :func:`settle_custom_op_probe` - vllm-ascend's ``enable_custom_op()`` answered before any tracing;
-* :func:`no_autograd_cache_for_graph_modules` - torch 2.13's AOTAutograd cache and vllm-ascend 0.12's compiler.
+* :func:`no_autograd_cache_for_graph_modules` - torch 2.13's AOTAutograd cache and vllm-ascend 0.12's compiler;
+* :func:`custom_op_aliasing_warns` - torch 2.13's first-call aliasing check of custom ops, an error when ``CI`` is set.
 
 vLLM 0.11.x was released against torch 2.8. Its ``@support_torch_compile`` decorator
 (``vllm/compilation/decorators.py``, 0.11.0) records the files TorchDynamo traces by replacing
@@ -24,7 +25,8 @@ installed with the simulator, never by the product.
 
 from __future__ import annotations
 
-__all__ = ["install", "install_worker_patch_tolerance", "settle_custom_op_probe", "no_autograd_cache_for_graph_modules"]
+__all__ = ["install", "install_worker_patch_tolerance", "settle_custom_op_probe", "no_autograd_cache_for_graph_modules",
+           "custom_op_aliasing_warns"]
 
 
 def _wrap(module) -> None:
@@ -167,6 +169,44 @@ def settle_custom_op_probe() -> None:
             wrapt.register_post_import_hook(hook, name)
 
 
+def _on_functorch_config(hook) -> None:
+    """Run ``hook(torch._functorch.config)`` now if torch is imported, else when it is (a wrapt post-import hook)."""
+    import sys
+
+    name = "torch._functorch.config"
+    if name in sys.modules:
+        hook(sys.modules[name])
+        return
+    import wrapt
+
+    wrapt.register_post_import_hook(hook, name)
+
+
+def custom_op_aliasing_warns() -> None:
+    """Make torch 2.13's custom-op aliasing check warn, as it does outside CI, instead of raising when ``CI`` is set.
+
+    torch 2.13's AOTAutograd runtime wrapper runs ``_AnalyzeCustomOpInputOutputMode`` on the first call of a compiled
+    graph (``torch/_functorch/_aot_autograd/runtime_wrappers.py``) and flags a custom op whose output is one of its
+    inputs. ``torch._functorch.config.error_on_custom_op_aliasing`` decides between a ``UserWarning`` ("deprecated and
+    will become an error") and a ``RuntimeError``; its default is ``bool(os.getenv("CI"))``, so the same run passes on a
+    developer's shell and fails under a CI runner. vllm-ascend 0.12.0rc1-0.14.0rc1's ``vllm::maybe_pad_and_reduce``
+    (``vllm_ascend/ops/register_custom_ops.py``) returns ``tensor_model_parallel_all_reduce(x)``, which at tensor
+    parallel size 1 is ``x`` itself, so every PIECEWISE / FULL_DECODE_ONLY start-up of those releases raised under CI.
+    The torch these releases were built for (2.8) has no such check; the op's result is the same with either setting.
+    An explicit ``TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING`` in the environment is left to win.
+    """
+    import os
+
+    if "TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING" in os.environ:
+        return
+
+    def hook(module) -> None:
+        if hasattr(module, "error_on_custom_op_aliasing"):
+            module.error_on_custom_op_aliasing = False
+
+    _on_functorch_config(hook)
+
+
 def no_autograd_cache_for_graph_modules() -> None:
     """Switch off TorchDynamo's AOTAutograd cache (``torch._functorch.config.enable_autograd_cache``) in this process.
 
@@ -176,16 +216,9 @@ def no_autograd_cache_for_graph_modules() -> None:
     torch the release was written for did not insist. The cache only saves compile time across processes; results are
     the same without it. A property of the test environment's torch, installed with the simulator.
     """
-    import sys
 
     def hook(module) -> None:
         if hasattr(module, "enable_autograd_cache"):
             module.enable_autograd_cache = False
 
-    name = "torch._functorch.config"
-    if name in sys.modules:
-        hook(sys.modules[name])
-        return
-    import wrapt
-
-    wrapt.register_post_import_hook(hook, name)
+    _on_functorch_config(hook)
