@@ -74,7 +74,7 @@ def _decide(force: bool | None) -> tuple[environment.Versions, matrix.Decision]:
 
     import wrapt  # noqa: F401
 
-    from gptoss_patch.patches import all_specs, guard, mxfp4  # noqa: F401
+    from gptoss_patch.patches import all_specs, expert_parallel, guard, mxfp4  # noqa: F401
 
     all_specs()  # imports the capability modules layout_plan() reads
     versions = environment.installed_versions()
@@ -216,20 +216,33 @@ def _arm_guard() -> list[tuple[Registry, str]]:
 
 
 def _register_checkpoint(row: matrix.Row) -> list[tuple[Registry, str]]:
-    """The MXFP4 checkpoint patches (vLLM-side, :data:`gptoss_patch.matrix.MXFP4_TARGETS`) when ``row``'s
-    ``checkpoint_mxfp4`` capability is *patched*, on apply and stand-down rows alike; returns their hooks."""
-    from gptoss_patch.patches import mxfp4
+    """The vLLM-side checkpoint patches of ``row``, on apply and stand-down rows alike; returns their hooks:
 
+    * MXFP4 (:mod:`gptoss_patch.patches.mxfp4`, :data:`gptoss_patch.matrix.MXFP4_TARGETS`) when the row's
+      ``checkpoint_mxfp4`` capability is *patched*;
+    * the expert-parallel range (:mod:`gptoss_patch.patches.expert_parallel`) when its ``checkpoint_bf16`` is.
+    """
+    from gptoss_patch.patches import expert_parallel, mxfp4
+
+    specs, targets = [], {}
     cap = row.caps.get("checkpoint_mxfp4")
-    if cap is None or cap.state != matrix.PATCHED:
+    if cap is not None and cap.state == matrix.PATCHED:
+        specs += mxfp4.PATCHES
+        targets.update(matrix.MXFP4_TARGETS)
+    cap = row.caps.get("checkpoint_bf16")
+    if cap is not None and cap.state == matrix.PATCHED:
+        specs += expert_parallel.PATCHES
+        targets.update(expert_parallel.TARGETS)
+    if not specs:
         return []
-    registry = Registry(list(mxfp4.PATCHES), dict(matrix.MXFP4_TARGETS))
+    registry = Registry(specs, targets)
     _state.checkpoint = registry
     return [(registry, module) for module in registry.target_modules()]
 
 
 def checkpoint_patch_states() -> dict[str, str]:
-    """The MXFP4 checkpoint patches of this process: ``{name: "state: reason"}`` (empty when the row has none)."""
+    """The vLLM-side checkpoint patches of this process (MXFP4, expert-parallel range): ``{name: "state: reason"}``
+    (empty when the row has none)."""
     with _lock:
         reg = _state.checkpoint
     return {name: f"{st.state}: {st.reason}" for name, st in reg.states.items()} if reg is not None else {}

@@ -253,7 +253,14 @@ _C_MXFP4_UNCHECKED = Cap(REFUSED, "MXFP4 dequantization not checked against this
                                   "(vLLM >= 0.20); use a BF16 checkpoint or vllm-ascend <= 0.19.1rc1")
 
 
-def _patched_caps(p310: Cap = _C_310P) -> dict[str, Cap]:
+#: vLLM 0.11.0's BF16 loader passes the expert-parallel range swapped (gptoss_patch.patches.expert_parallel).
+_C_BF16_EP_011 = Cap(PATCHED, "vLLM 0.11.0's GptOssModel.load_weights calls _load_weights_other(ep_rank_end, "
+                              "ep_rank_start) against its (ep_rank_start, ep_rank_end) signature: with "
+                              "--enable-expert-parallel every expert slice is empty and loading fails; the range is "
+                              "put back in order (vLLM 0.12.0 fixed the signature)")
+
+
+def _patched_caps(p310: Cap = _C_310P, bf16: Cap = Cap(NATIVE)) -> dict[str, Cap]:
     """Capabilities of an *apply* row of layouts B-F (vllm-ascend 0.11-0.14)."""
     return {
         "attention": Cap(PATCHED, "sinks dropped and the window honoured in one path only upstream"),
@@ -262,7 +269,7 @@ def _patched_caps(p310: Cap = _C_310P) -> dict[str, Cap]:
         "quantized_moe": _C_QUANT,
         "nz_padding": Cap(PATCHED, "the NZ cast of a 360-wide w2 is misaligned; padded to 368 where it casts"),
         "yarn": Cap(PATCHED, "vllm-ascend's YaRN rounds the ramp (and rejects truncate= from vLLM >= 0.12)"),
-        "checkpoint_bf16": Cap(NATIVE),
+        "checkpoint_bf16": bf16,
         "checkpoint_mxfp4": _C_MXFP4,
         "atlas_310p": p310,
         "paged_attention_shapes": Cap(PATCHED, "sink and window layers take our attention path in every state"),
@@ -334,13 +341,16 @@ ROWS: tuple[Row, ...] = (
     Row("0.11.0rc0", "0.11.0rc3", "2.7.1", "2.7.1.dev20250724", "8.2.RC1", REFUSE, None, False,
         "different architecture (Attention class replaced wholesale, MoE method monkey-patched onto vLLM's)"),
     Row("0.11.0rc1", "0.11.0", "2.7.1", "2.7.1", "8.3.RC1", APPLY, "B", False,
-        "same layout as 0.11.0 (every target passes the structural check, read from the wheel)", _patched_caps()),
+        "same layout as 0.11.0 (every target passes the structural check, read from the wheel)",
+        _patched_caps(bf16=_C_BF16_EP_011)),
     Row("0.11.0rc2", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", False,
-        "same layout as 0.11.0 (every target passes the structural check, read from the wheel)", _patched_caps()),
+        "same layout as 0.11.0 (every target passes the structural check, read from the wheel)",
+        _patched_caps(bf16=_C_BF16_EP_011)),
     Row("0.11.0rc3", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", False,
-        "same layout as 0.11.0 (every target passes the structural check, read from the wheel)", _patched_caps()),
+        "same layout as 0.11.0 (every target passes the structural check, read from the wheel)",
+        _patched_caps(bf16=_C_BF16_EP_011)),
     Row("0.11.0", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", True,
-        "GPT-OSS patches applied (see verify for the list)", _patched_caps()),
+        "GPT-OSS patches applied (see verify for the list)", _patched_caps(bf16=_C_BF16_EP_011)),
     Row("0.12.0rc1", "0.12.0", "2.8.0", "2.8.0", "8.3.RC2", APPLY, "C", True,
         "GPT-OSS patches applied (see verify for the list)", _patched_caps()),
     Row("0.13.0rc1", "0.13.0", "2.8.0", "2.8.0", "8.3.RC2", APPLY, "E", False,

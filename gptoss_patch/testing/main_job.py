@@ -171,8 +171,10 @@ def _writer_key() -> str:
 
 
 #: ``--checkpoint`` -> (tiny preset, ``write_checkpoint`` quantization). MXFP4 packs the expert intermediate dimension
-#: in blocks of 32, so its preset has intermediate 384 (gptoss_patch.testing.tiny "tiny-mxfp4").
-CHECKPOINTS = {"bf16": ("tiny", None), "mxfp4": ("tiny-mxfp4", "mxfp4")}
+#: in blocks of 32, so its preset has intermediate 384 (gptoss_patch.testing.tiny "tiny-mxfp4"). "bf16-tp2" is the model
+#: whose every rank at tensor parallel 2 holds gpt-oss-120b's per-rank shapes at TP 8 (8 q heads, 1 KV head, expert
+#: intermediate 360).
+CHECKPOINTS = {"bf16": ("tiny", None), "mxfp4": ("tiny-mxfp4", "mxfp4"), "bf16-tp2": ("tiny-tp2", None)}
 
 
 def ensure_checkpoint(workdir: Path, seed: int = 0, checkpoint_format: str = "bf16") -> Path:
@@ -183,7 +185,7 @@ def ensure_checkpoint(workdir: Path, seed: int = 0, checkpoint_format: str = "bf
 
     preset, quantization = CHECKPOINTS[checkpoint_format]
     workdir.mkdir(parents=True, exist_ok=True)
-    suffix = "" if quantization is None else f"-{quantization}"
+    suffix = "" if checkpoint_format == "bf16" else f"-{checkpoint_format}"
     checkpoint = workdir / f"gpt-oss-tiny{suffix}-seed{seed}-{_writer_key()}"
     if not (checkpoint / ".complete").exists():
         import shutil

@@ -60,6 +60,7 @@ RANDOM_WEIGHTS_PROBLEMS = ("chat: empty message.content", "chat: the reasoning_c
 _ACTIVATED = re.compile(r"gptoss-patch: pid (\d+) \(([^)]*)\) activated by ([\w-]+): (\w[\w-]*)")
 _FIRST_USE = re.compile(r"gptoss-patch: pid (\d+) \(([^)]*)\) first GPT-OSS (\w+) forward on the (\w+) path")
 _GRAPHS = re.compile(r"NPU simulator: pid (\d+): (\d+) NPU graph (captures|replays)")
+_HCCL = re.compile(r"NPU simulator: pid (\d+): NPU graph \d+ holds (\d+) HCCL collective task")
 _KV = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
 _CAPTURE = re.compile(r"Capturing (?:ACL|CUDA) graphs \(([^)]*)\).*?(\d+)/(\d+) \[")
 
@@ -98,7 +99,9 @@ class ServeReport:
     processes: list[dict] = field(default_factory=list)
     first_use: list[dict] = field(default_factory=list)
     graph_captures: dict[str, int] = field(default_factory=dict)
-    npu_graphs: dict[str, int] = field(default_factory=dict)  # simulator counts (replays: a lower bound)
+    npu_graphs: dict[str, int] = field(default_factory=dict)  # simulator counts of one rank (replays: a lower bound)
+    #: pid -> HCCL collective tasks held by the NPU graphs that process captured (tensor parallel > 1)
+    hccl_tasks: dict[int, int] = field(default_factory=dict)
     kv_cache_tokens: int | None = None
     verify_server_exit: int | None = None
     verify_server_problems: list[str] = field(default_factory=list)
@@ -133,8 +136,9 @@ def free_port() -> int:
 
 
 def serve_command(checkpoint: Path, port: int, mode: str, *, max_num_batched_tokens: int = 256,
-                  extra: list[str] | None = None) -> list[str]:
-    """``vllm serve`` argv (through this interpreter) for ``mode`` (one of :data:`MODES`).
+                  tensor_parallel_size: int = 1, extra: list[str] | None = None) -> list[str]:
+    """``vllm serve`` argv (through this interpreter) for ``mode`` (one of :data:`MODES`) at ``tensor_parallel_size``
+    ranks (above 1: vLLM's multiprocessing executor, one worker process per rank, as on an 8-NPU host).
 
     Raises:
         ValueError: an unknown mode.
@@ -146,6 +150,8 @@ def serve_command(checkpoint: Path, port: int, mode: str, *, max_num_batched_tok
            "--block-size", "128", "--num-gpu-blocks-override", "48",
            "--max-num-batched-tokens", str(max_num_batched_tokens), "--enable-prefix-caching",
            "--enable-chunked-prefill", "--served-model-name", "gpt-oss-tiny", "--reasoning-parser", "openai_gptoss"]
+    if tensor_parallel_size != 1:
+        cmd += ["--tensor-parallel-size", str(tensor_parallel_size), "--distributed-executor-backend", "mp"]
     if mode == "eager":
         cmd.append("--enforce-eager")
     else:
@@ -332,16 +338,21 @@ def read_log(report: ServeReport, text: str) -> None:
         report.graph_captures[m.group(1)] = max(report.graph_captures.get(m.group(1), 0), int(m.group(2)))
     for m in _GRAPHS.finditer(text):
         report.npu_graphs[m.group(3)] = max(report.npu_graphs.get(m.group(3), 0), int(m.group(2)))
+    for m in _HCCL.finditer(text):
+        report.hccl_tasks[int(m.group(1))] = report.hccl_tasks.get(int(m.group(1)), 0) + int(m.group(2))
     kv = _KV.search(text)
     report.kv_cache_tokens = int(kv.group(1).replace(",", "")) if kv else None
 
 
 def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int = 0,
         startup_timeout: float = 900.0, extra_env: dict[str, str] | None = None,
-        checkpoint_format: str = "bf16") -> ServeReport:
+        checkpoint_format: str = "bf16", tensor_parallel_size: int = 1,
+        extra_args: list[str] | None = None) -> ServeReport:
     """Run the job once; returns the report (never raises for a server that fails: ``report.log_tail`` says why).
 
     ``extra_env``: more environment for the server (e.g. ``GPTOSS_PATCH_DISABLE=1`` to show the unpatched stack).
+    ``tensor_parallel_size``: ranks (one worker process each through vLLM's multiprocessing executor);
+    ``extra_args``: more ``vllm serve`` arguments (e.g. ``["--enable-expert-parallel"]``).
     ``checkpoint_format``: ``"bf16"`` (the public BF16 layout) or ``"mxfp4"`` (the official MXFP4 layout, which the
     patched stack dequantizes while loading; the reference dequantizes with transformers' own code).
 
@@ -362,7 +373,7 @@ def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int 
     shared = rendered[0][:130] + rendered[3][-24:]  # a full 128-token block shared with conversation 0
     report.seconds["setup"] = round(time.perf_counter() - t0, 1)
     port = free_port()
-    cmd = serve_command(checkpoint, port, mode)
+    cmd = serve_command(checkpoint, port, mode, tensor_parallel_size=tensor_parallel_size, extra=extra_args)
     report.command = cmd
     try:
         import importlib.metadata as md
@@ -372,7 +383,9 @@ def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int 
         pass
     t1 = time.perf_counter()
     tag = "-".join([f"{k.removeprefix('GPTOSS_PATCH_').lower()}" for k in sorted(extra_env or {})]
-                   + ([checkpoint_format] if checkpoint_format != "bf16" else []))
+                   + ([checkpoint_format] if checkpoint_format != "bf16" else [])
+                   + ([f"tp{tensor_parallel_size}"] if tensor_parallel_size != 1 and "tp" not in checkpoint_format else [])
+                   + [a.lstrip("-") for a in extra_args or [] if a.startswith("--")])
     log_path = workdir / f"serve-{mode}{'-' + tag if tag else ''}-{os.getpid()}.log"
     report.log_path = str(log_path)
     with Server(cmd, serve_env(vocab.env, **(extra_env or {})), log_path, port) as server:
@@ -442,8 +455,11 @@ def print_report(r: ServeReport) -> None:
     if r.graph_captures:
         print("  ACL graphs captured: " + ", ".join(f"{k}: {v}" for k, v in r.graph_captures.items()))
     if r.npu_graphs:
-        print(f"  NPU graphs (simulator): {r.npu_graphs.get('captures', 0)} captured, at least "
+        print(f"  NPU graphs (simulator, per rank): {r.npu_graphs.get('captures', 0)} captured, at least "
               f"{r.npu_graphs.get('replays', 0)} replayed")
+    if r.hccl_tasks:
+        print("  HCCL collectives captured in those graphs: "
+              + ", ".join(f"{n} in pid {pid}" for pid, n in sorted(r.hccl_tasks.items())))
     if r.kv_cache_tokens is not None:
         print(f"  KV cache: {r.kv_cache_tokens} tokens ({r.kv_cache_tokens // 128} blocks of 128)")
     if not r.started:
@@ -473,11 +489,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--checkpoint", default="bf16", choices=["bf16", "mxfp4"],
                     help="the tiny model's layout: public BF16 (default) or the official MXFP4")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, choices=[1, 2],
+                    help="ranks, one worker process each; at 2 the BF16 model is the one whose every rank has "
+                    "gpt-oss-120b's per-rank shapes at TP 8")
+    ap.add_argument("--enable-expert-parallel", action="store_true",
+                    help="expert parallel across the tensor-parallel ranks (EP size = TP size)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.max_tokens < 1:
         ap.error(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    report = run(args.workdir, mode=args.mode, max_tokens=args.max_tokens, checkpoint_format=args.checkpoint)
+    fmt = "bf16-tp2" if args.tensor_parallel_size == 2 and args.checkpoint == "bf16" else args.checkpoint
+    report = run(args.workdir, mode=args.mode, max_tokens=args.max_tokens, checkpoint_format=fmt,
+                 tensor_parallel_size=args.tensor_parallel_size,
+                 extra_args=["--enable-expert-parallel"] if args.enable_expert_parallel else None)
     from gptoss_patch.testing.main_job import emit
 
     return emit(report, args.json, print_report)

@@ -90,10 +90,10 @@ def test_truncated_mxfp4_shard_stops_the_build_naming_the_tensor(tmp_path):
 def test_every_rank_loads_what_vllms_bf16_loader_loads_from_transformers_dequantization():
     """vLLM's real GptOssModel.load_weights as each rank of TP 2 and TP 4 (intermediate 96: the rank boundaries cut
     MXFP4 blocks) and of EP 2, on the MXFP4 tensors (through our patch) and on transformers' BF16 dequantization of the
-    same tensors (vLLM's own BF16 path): the expert parameters are equal bit for bit and nothing is left unset. Where
-    vLLM's BF16 loader itself fails (vLLM 0.11.0 EP: ``load_weights`` passes ``(ep_rank_end, ep_rank_start)`` to
-    ``_load_weights_other(ep_rank_start, ep_rank_end, ...)``, so each rank slices ``weight[end:start]``, empty), the
-    MXFP4 load fails the same way - we neither fix nor hide it."""
+    same tensors (vLLM's own BF16 path): the expert parameters are equal bit for bit and nothing is left unset. On vLLM
+    0.11.0 EP loads only through ``checkpoint.ep_expert_range`` (``load_weights`` passes ``(ep_rank_end,
+    ep_rank_start)`` to ``_load_weights_other(ep_rank_start, ep_rank_end, ...)``; unpatched, each rank slices
+    ``weight[end:start]``, empty: tests/cell/test_serve_more.py shows that failure through ``vllm serve``)."""
     from gptoss_patch.testing.mxfp4_case import check_every_rank
 
     check_every_rank()

@@ -5,6 +5,10 @@ FULL_DECODE_ONLY graphs, or eager - asks it over HTTP (harmony chat completions 
 128-token window, a prefix-cache hit, a chunked prefill) and compares every generated token, and its log-probability,
 with transformers' ``GptOssForCausalLM`` in float32 (:mod:`gptoss_patch.testing.serve_job`). The unpatched server
 and the official MXFP4 layout: tests/cell/test_serve_more.py (the 0.11.0 cell).
+
+At tensor parallel 2 (vLLM's multiprocessing executor, one worker process per rank, started with ``spawn`` as ``vllm
+serve`` does) the model is the one whose every rank holds gpt-oss-120b's per-rank shapes at TP 8: 8 query heads, 1 KV
+head, MoE intermediate 360; the all-reduces run over the simulated ``hccl`` groups and are captured into the graphs.
 """
 
 import os
@@ -20,14 +24,22 @@ WORKDIR = Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache
 CAPTURE_KIND = {"PIECEWISE": "PIECEWISE", "FULL_DECODE_ONLY": "FULL", "eager": None}
 
 
-def _checks(report: serve_job.ServeReport, mode: str) -> None:
+def _checks(report: serve_job.ServeReport, mode: str, tensor_parallel_size: int = 1, forked: bool = False) -> None:
+    """``forked``: the engine core and workers were forked (``VLLM_WORKER_MULTIPROC_METHOD=fork``), so they inherit the
+    patched modules and log no activation line of their own; their first patched forwards show the patches active."""
     serve_job.print_report(report)
     assert report.started, f"vllm serve did not come up:\n{report.log_tail}"
-    names = {p["name"] for p in report.processes}
-    assert any(n.startswith("EngineCore") for n in names), report.processes  # the engine core is its own process
-    assert len(report.processes) >= 2 and all(p["decision"] == "apply" for p in report.processes), report.processes
-    used = {(u["capability"], u["path"]) for u in report.first_use if u["process"].startswith("EngineCore")}
-    assert {("attention", "patched"), ("moe", "patched")} <= used, report.first_use
+    assert report.processes and all(p["decision"] == "apply" for p in report.processes), report.processes
+    if not forked:  # the engine core is its own process, started fresh: the import hook activates there too
+        assert any(p["name"].startswith("EngineCore") for p in report.processes), report.processes
+    runner = "EngineCore" if tensor_parallel_size == 1 else "Worker"  # where the model runs: one process per rank
+    model_pids = {u["pid"] for u in report.first_use if runner in u["process"]}
+    assert len(model_pids) == tensor_parallel_size, report.first_use
+    if not forked:
+        assert model_pids <= {p["pid"] for p in report.processes}, (model_pids, report.processes)
+    for pid in model_pids:
+        used = {(u["capability"], u["path"]) for u in report.first_use if u["pid"] == pid}
+        assert {("attention", "patched"), ("moe", "patched")} <= used, (pid, report.first_use)
     kind = CAPTURE_KIND[mode]
     if kind is None:
         assert not report.graph_captures, report.graph_captures
@@ -36,6 +48,8 @@ def _checks(report: serve_job.ServeReport, mode: str) -> None:
         # the requests were answered from replayed NPU graphs (PIECEWISE: every piece of every size is one graph)
         assert report.npu_graphs.get("captures", 0) >= 3 and report.npu_graphs.get("replays", 0) >= 4, \
             report.npu_graphs
+        if tensor_parallel_size > 1:  # every rank's graphs hold its all-reduces
+            assert set(report.hccl_tasks) == model_pids and min(report.hccl_tasks.values()) >= 3, report.hccl_tasks
     assert len(report.exchanges) == 6 and {e.kind for e in report.exchanges} == {"chat", "completion"}
     for e in report.exchanges:
         assert e.generated == e.reference[:len(e.generated)] and len(e.generated) == 12, (e.label, e.generated,
@@ -48,3 +62,11 @@ def _checks(report: serve_job.ServeReport, mode: str) -> None:
 @pytest.mark.parametrize("mode", serve_job.MODES)
 def test_vllm_serve_answers_with_transformers_tokens(mode):
     _checks(serve_job.run(WORKDIR, mode=mode, max_tokens=12), mode)
+
+
+def test_vllm_serve_tensor_parallel_2_piecewise():
+    """``--tensor-parallel-size 2`` with PIECEWISE graphs: two worker processes (spawn), sinks / heads / experts split
+    per rank, the row-parallel and MoE all-reduces inside the captured pieces; tokens equal transformers'."""
+    report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=12, checkpoint_format="bf16-tp2",
+                           tensor_parallel_size=2)
+    _checks(report, "PIECEWISE", tensor_parallel_size=2)

@@ -4,7 +4,8 @@ other cells' tests cover without a server):
 
 * the unpatched server (``GPTOSS_PATCH_DISABLE=1``) is stopped at start-up by the guard;
 * let through anyway (``GPTOSS_PATCH_ALLOW_UNPATCHED=1``) it answers with other tokens: what the patches are for;
-* the tiny model in the official MXFP4 layout is dequantized while loading and answers with transformers' tokens.
+* the tiny model in the official MXFP4 layout is dequantized while loading and answers with transformers' tokens;
+* tensor parallel 2 with FULL_DECODE_ONLY graphs and workers started by ``fork`` (the other start method).
 """
 
 from test_serve import WORKDIR, _checks
@@ -39,3 +40,11 @@ def test_vllm_serve_official_mxfp4_checkpoint():
     answers with the tokens of transformers' run of the same checkpoint (dequantized by transformers' own code)."""
     report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=12, checkpoint_format="mxfp4")
     _checks(report, "PIECEWISE")
+
+
+def test_vllm_serve_tensor_parallel_2_full_decode_only_fork():
+    """TP 2, FULL_DECODE_ONLY (the decode graph is captured eagerly: ``torch.distributed.all_reduce`` on the ``hccl``
+    group is what the capture records), workers forked: tokens equal transformers'."""
+    report = serve_job.run(WORKDIR, mode="FULL_DECODE_ONLY", max_tokens=12, checkpoint_format="bf16-tp2",
+                           tensor_parallel_size=2, extra_env={"VLLM_WORKER_MULTIPROC_METHOD": "fork"})
+    _checks(report, "FULL_DECODE_ONLY", tensor_parallel_size=2, forked=True)

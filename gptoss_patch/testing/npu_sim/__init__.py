@@ -163,6 +163,7 @@ def install(force: bool = False, children: bool = True) -> types.ModuleType:
         from gptoss_patch.testing.npu_sim import distributed
 
         distributed.register_hccl_backend()
+        distributed.record_collectives_in_graphs()
         from gptoss_patch.testing.npu_sim import torch_compat
 
         torch_compat.install()

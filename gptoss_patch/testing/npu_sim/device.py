@@ -416,21 +416,22 @@ def register_accelerator_hooks() -> None:
 
 
 def add_is_hccl_available() -> None:
-    """``torch.distributed.is_hccl_available``: added to ``torch.distributed``, answering False.
+    """``torch.distributed.is_hccl_available``: added to ``torch.distributed``, True once the simulator's ``hccl``
+    backend is registered (:func:`gptoss_patch.testing.npu_sim.distributed.register_hccl_backend`).
 
     The real torch_npu installs this function into ``torch.distributed`` at import (documented torch_npu
     API "(beta) torch.distributed.is_hccl_available", Ascend/op-plugin docs). vllm-ascend >= 0.15 imports it
     by name while its general plugin ``register_model_loader`` loads
-    (vllm_ascend/model_loader/netloader/executor/netloader_pg.py), so without it vLLM cannot even build an
-    engine config on the simulator. The simulator has no HCCL backend (collectives run on gloo), so the
-    honest answer is False; the only caller then raises "HCCL is not available" on the elastic net-loader
-    path, which the simulator does not support.
+    (vllm_ascend/model_loader/netloader/executor/netloader_pg.py), and vLLM's ``init_distributed_environment``
+    asks ``torch.distributed.is_backend_available("hccl")`` - which calls it - before creating the process groups:
+    answering False there made every device group fall back to gloo ("Distributed backend hccl is not available"),
+    so the groups were not the ``hccl`` groups users get and graph capture did not record their collectives.
     """
     import torch.distributed as dist
 
     if not hasattr(dist, "is_hccl_available"):
         def is_hccl_available() -> bool:
-            return False
+            return "hccl" in dist.Backend.backend_list
 
         dist.is_hccl_available = is_hccl_available  # type: ignore[attr-defined]
 

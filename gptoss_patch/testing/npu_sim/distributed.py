@@ -13,6 +13,10 @@ implements the collectives vLLM uses (``all_reduce`` sum, ``all_gather``, ``redu
 definitions: AllReduce, AllGather, ReduceScatter, Broadcast, AlltoAll). ``Options.hccl_config`` (``hccl_buffer_size``,
 in MB) sizes HCCL's communication buffers, a resource setting with no effect on results; it is kept on the options
 object and not used.
+
+Collectives on an ``hccl`` group issued while an NPU graph is being captured are captured with it and run again at
+every replay (:func:`record_collectives_in_graphs`, :func:`gptoss_patch.testing.npu_sim.graph.record_collective`);
+collectives on vLLM's CPU (gloo) groups are host work and are not.
 """
 
 from __future__ import annotations
@@ -20,7 +24,11 @@ from __future__ import annotations
 import datetime
 from typing import Any
 
-__all__ = ["ProcessGroupHCCL", "register_hccl_backend"]
+__all__ = ["ProcessGroupHCCL", "register_hccl_backend", "record_collectives_in_graphs", "COLLECTIVES"]
+
+#: ``torch.distributed`` collectives that a graph capture records when their group is an ``hccl`` group.
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+               "all_to_all_single", "all_to_all", "broadcast", "reduce", "_all_gather_base", "_reduce_scatter_base")
 
 
 class ProcessGroupHCCL:
@@ -58,3 +66,55 @@ def register_hccl_backend() -> None:
             return
         raise RuntimeError("torch.distributed already has an 'hccl' backend; the NPU simulator will not replace it")
     dist.Backend.register_backend("hccl", _create_hccl, devices=["npu", "cpu"])
+
+
+def _is_hccl_group(group: Any) -> bool:
+    import torch.distributed as dist
+
+    try:
+        return dist.get_backend(group) == "hccl"
+    except (ValueError, RuntimeError):  # not a member / no default group: not a device collective of ours
+        return False
+
+
+def record_collectives_in_graphs() -> None:
+    """Wrap the :data:`COLLECTIVES` of ``torch.distributed`` (and ``torch.distributed.distributed_c10d``) so that one
+    on an ``hccl`` group issued during a simulated NPU graph capture is recorded as a graph task (idempotent).
+
+    Outside a capture, and on other groups, the wrapper calls the original with the same arguments. Code that bound
+    a collective by name before the simulator was installed keeps the original (the simulator is installed by the
+    ``.pth`` bootstrap, before vLLM is imported).
+    """
+    import functools
+    import inspect
+
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from gptoss_patch.testing.npu_sim import graph
+
+    for name in COLLECTIVES:
+        fn = getattr(c10d, name, None)
+        if fn is None or getattr(fn, "_npu_sim_collective", False):
+            continue
+        sig = inspect.signature(fn)
+
+        def wrapper(*args: Any, _fn=fn, _name=name, _sig=sig, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling():
+                # TorchDynamo traces the original, which it turns into a functional collective (``_c10d_functional``)
+                # of the FX graph; graph capture records those in its dispatch mode (npu_sim.graph)
+                return _fn(*args, **kwargs)
+            try:
+                group = _sig.bind(*args, **kwargs).arguments.get("group")
+            except TypeError:
+                return _fn(*args, **kwargs)  # let torch report the bad call
+            if not _is_hccl_group(group):
+                return _fn(*args, **kwargs)
+            return graph.record_collective(_name, _fn, args, kwargs)
+
+        wrapped = functools.wraps(fn)(wrapper)
+        wrapped._npu_sim_collective = True  # type: ignore[attr-defined]
+        setattr(c10d, name, wrapped)
+        if getattr(dist, name, None) is fn:
+            setattr(dist, name, wrapped)

@@ -296,6 +296,19 @@ class _EventNode:
         return set()
 
 
+def _synchronous(func: Any) -> Callable[..., Any]:
+    """``func`` (a ``_c10d_functional`` collective) followed by ``wait_tensor`` on each tensor it returns."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        result = func(*args, **kwargs)
+        for t in _tensors(result):
+            torch.ops._c10d_functional.wait_tensor(t)
+        return result
+
+    run.__name__ = getattr(func, "__name__", "collective")
+    return run
+
+
 class _Capture:
     """State of the one capture underway."""
 
@@ -336,6 +349,17 @@ class _Capture:
             args, kwargs = _launch_args(fn, host_params, args, kwargs)
             result = fn(*args, **kwargs)
         self.add(_OpNode(name, fn, args, kwargs, result, npu=True))
+        return result
+
+    def record_functional_collective(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """A functional collective of a compiled graph (``torch.ops._c10d_functional.*``, what TorchDynamo makes of
+        ``torch.distributed`` calls): run now; record one task that re-issues it and waits for it at replay (an HCCL
+        task completes in stream order); ``wait_tensor`` itself launches nothing."""
+        with self.leaf():
+            result = func(*args, **kwargs)
+        if func.__name__.startswith("wait_tensor"):
+            return result
+        self.add(_OpNode(f"hccl.{func.__name__}", _synchronous(func), args, kwargs, result, npu=False))
         return result
 
     def record_aten(self, func: Any, args: tuple, kwargs: dict, result: Any) -> None:
@@ -379,6 +403,8 @@ class _CaptureMode(TorchDispatchMode):
                 result = func(*args, **kwargs)
             cap.record_aten(func, args, kwargs, result)
             return result
+        if namespace == "_c10d_functional":
+            return cap.record_functional_collective(func, args, kwargs)
         if namespace not in ("aten", "prims"):
             # host-side custom operator: run its kernel with the recorder active, so the kernels it launches are
             # recorded
@@ -777,6 +803,36 @@ def _dispatch(name: str, fn: Callable[..., Any], host_params: tuple[str, ...], h
     return fn(*args, **kwargs)
 
 
+def record_collective(name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    """Run a collective of the simulated ``hccl`` backend; during a capture on this thread, also record it as a task.
+
+    An HCCL collective issued on a stream in capture state is captured into the ACL graph like a kernel and runs
+    again at every replay (CANN "aclmdlRICaptureBegin": tasks issued to the capturing stream, HCCL's included, are
+    recorded into the model runtime instance; vllm-ascend's PIECEWISE and FULL graphs at TP > 1 rely on it). The
+    simulator runs the collective eagerly at capture (as it runs everything) and records one node that re-issues it,
+    synchronously, on the same tensors at replay; every rank replays its graphs in the same order, so the ranks'
+    collectives pair up as they did at capture.
+
+    Args:
+        name: the ``torch.distributed`` function name (the node is ``hccl.<name>``).
+        fn: the unwrapped ``torch.distributed`` function; ``args`` / ``kwargs``: its call (``async_op`` is replayed
+            as False: the replayed task completes before the next one starts, as tasks on one stream do).
+
+    Returns:
+        ``fn``'s result (a ``Work`` for ``async_op=True``, else None).
+    """
+    cap = _capture
+    if _tls.device_exec or cap is None or not cap.mine() or cap.leaf_depth:
+        return fn(*args, **kwargs)
+    with cap.leaf():
+        result = fn(*args, **kwargs)
+    args, kwargs = _launch_args(fn, (), args, kwargs)
+    if "async_op" in kwargs:
+        kwargs["async_op"] = False
+    cap.add(_OpNode(f"hccl.{name}", fn, args, kwargs, None, npu=False))
+    return result
+
+
 def _intercept_update(upd: _Update, name: str, fn: Callable[..., Any], host_params: tuple[str, ...], args: tuple,
                       kwargs: dict) -> Any:
     global _update
@@ -892,7 +948,7 @@ class ExternalEvent:
 
 
 #: NPU graphs captured and replayed in this process (read by the main job through the log lines of :func:`_count`).
-COUNTS = {"captures": 0, "replays": 0}
+COUNTS = {"captures": 0, "replays": 0, "hccl_tasks": 0}
 
 
 def _count(what: str) -> None:
@@ -965,6 +1021,15 @@ class NPUGraph:
         self._nodes, self._host_reads = cap.nodes, cap.host_reads
         self._has_graph = True
         _count("captures")
+        hccl = sum(1 for n in cap.nodes if n.name.startswith("hccl."))
+        if hccl:
+            COUNTS["hccl_tasks"] += hccl
+            import logging
+            import os
+
+            logging.getLogger("vllm.gptoss_patch").info(
+                "gptoss-patch NPU simulator: pid %d: NPU graph %d holds %d HCCL collective task(s)", os.getpid(),
+                COUNTS["captures"], hccl)
         if cap.group is not None:
             raise RuntimeError("graph_task_group_begin() without graph_task_group_end() before the capture ended")
 
