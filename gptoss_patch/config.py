@@ -31,6 +31,7 @@ WHEEL_CACHE = "GPTOSS_PATCH_WHEEL_CACHE"
 VENV_CACHE = "GPTOSS_PATCH_VENV_CACHE"
 SIM_NPU_MEMORY = "GPTOSS_PATCH_SIM_NPU_MEMORY"
 SIM_FAULT = "GPTOSS_PATCH_SIM_FAULT"
+SIM_UNINITIALISED = "GPTOSS_PATCH_SIM_UNINITIALISED"
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable(VENV_CACHE, "path", readme=False),     # noxfile.py: the cached test environments
     Variable(SIM_NPU_MEMORY, "bytes", default=str(8 << 30), readme=False),  # testing.npu_sim.runtime: capacity
     Variable(SIM_FAULT, "names", ("band129", "drop_sink"), readme=False),  # testing.npu_sim.ops.attention: tests
+    # testing.npu_sim.ops.moe: what uninitialised MoE operator outputs hold (NaN, or the dtype's largest finite value)
+    Variable(SIM_UNINITIALISED, "choice", ("nan", "finite"), default="nan", readme=False),
 )}
 
 

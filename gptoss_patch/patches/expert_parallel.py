@@ -27,11 +27,12 @@ import inspect
 import logging
 from typing import Any
 
+from gptoss_patch.evidence import LOGGER_NAME
 from gptoss_patch.registry import PatchSpec
 
 __all__ = ["PATCHES", "TARGETS", "ordered_expert_range"]
 
-_log = logging.getLogger("gptoss_patch")
+_log = logging.getLogger(LOGGER_NAME)  # under vLLM's logger: the line shows in the server's output
 
 #: Where the patch hooks (vLLM-side; the same in every vLLM with the defect).
 TARGETS: dict[str, str] = {

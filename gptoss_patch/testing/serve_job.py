@@ -489,9 +489,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--checkpoint", default="bf16", choices=["bf16", "mxfp4"],
                     help="the tiny model's layout: public BF16 (default) or the official MXFP4")
-    ap.add_argument("--tensor-parallel-size", type=int, default=1, choices=[1, 2],
-                    help="ranks, one worker process each; at 2 the BF16 model is the one whose every rank has "
-                    "gpt-oss-120b's per-rank shapes at TP 8")
+    ap.add_argument("--tensor-parallel-size", type=int, default=2, choices=[1, 2],
+                    help="ranks, one worker process each (default 2, the seed's TP 8 scaled down); at 2 the BF16 "
+                    "model is the one whose every rank has gpt-oss-120b's per-rank shapes at TP 8")
     ap.add_argument("--enable-expert-parallel", action="store_true",
                     help="expert parallel across the tensor-parallel ranks (EP size = TP size)")
     ap.add_argument("--json", action="store_true")

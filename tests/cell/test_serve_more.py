@@ -5,7 +5,8 @@ other cells' tests cover without a server):
 * the unpatched server (``GPTOSS_PATCH_DISABLE=1``) is stopped at start-up by the guard;
 * let through anyway (``GPTOSS_PATCH_ALLOW_UNPATCHED=1``) it answers with other tokens: what the patches are for;
 * the tiny model in the official MXFP4 layout is dequantized while loading and answers with transformers' tokens;
-* tensor parallel 2 with FULL_DECODE_ONLY graphs and workers started by ``fork`` (the other start method).
+* tensor parallel 2 with FULL_DECODE_ONLY graphs and workers started by ``fork`` (the other start method);
+* expert parallel 2, which vLLM 0.11.0 loads only through ``checkpoint.ep_expert_range`` (and not at all without it).
 """
 
 from test_serve import WORKDIR, _checks
@@ -48,3 +49,28 @@ def test_vllm_serve_tensor_parallel_2_full_decode_only_fork():
     report = serve_job.run(WORKDIR, mode="FULL_DECODE_ONLY", max_tokens=12, checkpoint_format="bf16-tp2",
                            tensor_parallel_size=2, extra_env={"VLLM_WORKER_MULTIPROC_METHOD": "fork"})
     _checks(report, "FULL_DECODE_ONLY", tensor_parallel_size=2, forked=True)
+
+
+def test_vllm_serve_expert_parallel_2():
+    """``--tensor-parallel-size 2 --enable-expert-parallel`` (EP 2; vllm-ascend's AllGather dispatcher, which it selects
+    without MC2 at this world size): vLLM 0.11.0 loads each rank's experts through ``checkpoint.ep_expert_range`` and
+    the server answers with transformers' tokens.
+
+    vllm-ascend's AllGather dispatcher multiplies rows of the grouped matmul's output that the operator never wrote by
+    probability 0; the simulator's NaN for such memory would turn that into NaN logits, the device's leftover (finite)
+    contents into 0. The run uses the finite setting (docs/simulator.md §7)."""
+    report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=12, checkpoint_format="bf16-tp2",
+                           tensor_parallel_size=2, extra_args=["--enable-expert-parallel"],
+                           extra_env={"GPTOSS_PATCH_SIM_UNINITIALISED": "finite"})
+    _checks(report, "PIECEWISE", tensor_parallel_size=2)
+    assert "expert-parallel weight range passed reversed" in report.log_text  # the patch did the loading
+
+
+def test_unpatched_expert_parallel_does_not_load():
+    """The same EP 2 server with every patch off (guard overridden): vLLM 0.11.0's loader slices every expert tensor
+    empty and the engine stops at start-up - the defect ``checkpoint.ep_expert_range`` fixes."""
+    report = serve_job.run(WORKDIR, mode="eager", max_tokens=4, checkpoint_format="bf16-tp2", tensor_parallel_size=2,
+                           extra_args=["--enable-expert-parallel"], startup_timeout=600,
+                           extra_env={"GPTOSS_PATCH_DISABLE": "1", "GPTOSS_PATCH_ALLOW_UNPATCHED": "1"})
+    assert not report.started and not report.exchanges
+    assert "must match the size of tensor b (0)" in report.log_text, report.log_tail

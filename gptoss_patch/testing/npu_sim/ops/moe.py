@@ -102,7 +102,23 @@ def _acl_name(dtype: torch.dtype) -> str:
 
 
 def _poison_like_float(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    """Device memory the operator leaves uninitialised: NaN, so readers of it fail loudly."""
+    """Device memory the operator leaves uninitialised: NaN, so readers of it fail loudly - or, with
+    ``GPTOSS_PATCH_SIM_UNINITIALISED=finite``, the dtype's largest finite value, which a read weighted by 0 cancels
+    (``0 * max = 0``) and any other read turns into an overflow or a huge value.
+
+    The finite setting exists for one upstream pattern: vllm-ascend's AllGather dispatcher at expert parallel (0.11.0
+    ``ops/moe/token_dispatcher.py``) points every slot routed to another rank's expert at a row of the grouped
+    matmul's output with probability 0, and that row may lie beyond the rows the group list covers - memory the
+    operator never writes (docs/simulator.md §7). On the device it holds whatever was there, normally finite, so
+    ``0 * garbage`` is 0 and the tokens come out right; a NaN or Inf left there by earlier work would poison them.
+
+    Raises:
+        ValueError: ``GPTOSS_PATCH_SIM_UNINITIALISED`` is neither ``nan`` nor ``finite``.
+    """
+    from gptoss_patch import config
+
+    if config.choice(config.SIM_UNINITIALISED) == "finite":
+        return torch.full(tuple(shape), torch.finfo(dtype).max, dtype=dtype)
     return torch.full(tuple(shape), float("nan"), dtype=dtype)
 
 
