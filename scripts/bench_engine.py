@@ -2,11 +2,16 @@
 decode step, for the installed vllm / vllm-ascend pair (run it in a matrix cell, e.g. the patched 0.11.0 cell and the
 native 0.15.0rc1 cell, and compare). Figures are printed, never asserted.
 
-``python scripts/bench_engine.py [--workdir DIR] [--steps 32] [--skip-serve] [--skip-decode]``
+``python scripts/bench_engine.py [--workdir DIR] [--steps 32] [--skip-serve] [--skip-decode]
+[--tensor-parallel-size 2]``
 
 * Start-up (``vllm serve``, PIECEWISE, the main job's flags): seconds from launch to each phase vLLM and vllm-ascend
   log (model loaded, torch.compile done, ACL graphs captured, engine initialised, ``/health`` answering), read from
-  the server's own log lines.
+  the server's own log lines. At ``--tensor-parallel-size 2`` (the model whose ranks hold gpt-oss-120b's per-rank
+  shapes at TP 8), per rank: the weights vLLM loaded, the simulated device memory in use after the profiling run
+  (``total - available`` as vllm-ascend's worker logs it; the simulator counts the worker process's resident-set growth,
+  so it includes the host-side runtime) and the MoE padding the NZ patch applied (``weights.pad_moe_intermediate``'s
+  log line; none where the release does not NZ-cast, e.g. float32 on 0.12.0rc1).
 * Decode step (in-process ``LLM``, eager, batch of 4 harmony prompts, greedy): wall time per decode step and, the
   figure that does not depend on the machine's load, the number of simulated ``torch_npu`` operator calls per decode
   step (the launches an NPU would see from the host). The wall time includes the simulator's emulation of every
@@ -31,18 +36,42 @@ PHASES = [
 ]
 
 
-def bench_startup(workdir: Path) -> None:
+_RANK = re.compile(r"\((?:Worker_TP|VllmWorker[-_]?)(\d+)[^)]*pid=(\d+)\)")
+_WEIGHTS = re.compile(r"Loading (?:model )?weights took ([\d.]+) GB")
+_MEMORY = re.compile(r"Available memory: (\d+), total memory: (\d+)")
+_PAD = re.compile(r"MoE intermediate size per rank (\d+) -> (\d+)")
+
+
+def per_rank(text: str) -> dict[int, dict[str, str]]:
+    """Per-rank figures from a ``vllm serve`` log whose lines carry vLLM's ``(Worker_TP<r> pid=...)`` prefix."""
+    ranks: dict[int, dict[str, str]] = {}
+    for line in text.splitlines():
+        m = _RANK.search(line)
+        if not m:
+            continue
+        r = ranks.setdefault(int(m.group(1)), {})
+        if (w := _WEIGHTS.search(line)):
+            r["weights loaded"] = f"{float(w.group(1)):.3f} GB"
+        if (a := _MEMORY.search(line)):
+            used = int(a.group(2)) - int(a.group(1))
+            r["device memory in use after profiling"] = f"{used / 2**30:.2f} GiB of {int(a.group(2)) / 2**30:.0f} GiB"
+        if (p := _PAD.search(line)):
+            r["MoE intermediate padded"] = f"{p.group(1)} -> {p.group(2)} per rank"
+    return ranks
+
+
+def bench_startup(workdir: Path, tensor_parallel_size: int = 1) -> None:
     from gptoss_patch import tokenizer
     from gptoss_patch.testing import main_job, serve_job
 
-    ckpt = main_job.ensure_checkpoint(workdir)
+    ckpt = main_job.ensure_checkpoint(workdir, checkpoint_format="bf16" if tensor_parallel_size == 1 else "bf16-tp2")
     vocab = tokenizer.prepare(workdir / "vocab")
     port = serve_job.free_port()
-    log = workdir / f"bench-serve-{os.getpid()}.log"
+    log = workdir / f"bench-serve-tp{tensor_parallel_size}-{os.getpid()}.log"
     t0 = time.monotonic()
     seen: dict[str, float] = {}
-    with serve_job.Server(serve_job.serve_command(ckpt, port, "PIECEWISE"), serve_job.serve_env(vocab.env), log,
-                          port) as server:
+    cmd = serve_job.serve_command(ckpt, port, "PIECEWISE", tensor_parallel_size=tensor_parallel_size)
+    with serve_job.Server(cmd, serve_job.serve_env(vocab.env), log, port) as server:
         while server.proc.poll() is None and len(seen) < len(PHASES):
             text = server.log()
             for name, pat in PHASES:
@@ -51,11 +80,16 @@ def bench_startup(workdir: Path) -> None:
             if time.monotonic() - t0 > 900:
                 break
             time.sleep(0.2)
-        ready = server.wait_ready(60)
-        seen.setdefault("/health answers", time.monotonic() - t0) if ready else None
-    print("vllm serve start-up (PIECEWISE, simulated NPU), seconds from launch:")
+        if server.wait_ready(60):
+            seen["/health answers"] = time.monotonic() - t0
+        text = server.log()
+    print(f"vllm serve start-up (PIECEWISE, TP {tensor_parallel_size}, simulated NPU), seconds from launch:")
     for name, _ in PHASES + [("/health answers", None)]:
         print(f"  {name:24s} {seen[name]:7.1f}" if name in seen else f"  {name:24s}     n/a")
+    if tensor_parallel_size > 1:
+        for rank, figures in sorted(per_rank(text).items()):
+            print(f"  rank {rank}: " + "; ".join(f"{k} {v}" for k, v in figures.items())
+                  + ("" if "MoE intermediate padded" in figures else "; MoE intermediate not padded"))
 
 
 def bench_decode(workdir: Path, steps: int) -> None:
@@ -113,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
                     default=Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job")
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--skip-serve", action="store_true", help="no vllm serve start-up measurement")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1, choices=[1, 2],
+                    help="ranks of the start-up measurement (2: per-rank memory and padding)")
     ap.add_argument("--skip-decode", action="store_true",
                     help="no decode-step measurement (native 0.15-0.18 stop at the first sliding-window prefill)")
     args = ap.parse_args(argv)
@@ -122,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"vllm {md.version('vllm')} + vllm-ascend {md.version('vllm-ascend')}")
     if not args.skip_serve:
-        bench_startup(args.workdir)
+        bench_startup(args.workdir, args.tensor_parallel_size)
     if not args.skip_decode:
         bench_decode(args.workdir, args.steps)
     return 0
