@@ -46,7 +46,8 @@ def status(drift: bool = True) -> Status:
         patches = [PatchState(**vars(s)) for s in registry.states.values()] if registry else []
         dec, ver, srcs = decision, versions, list(sources)
         guard_state = guard.states.get("guard.gpt_oss_model") if guard else None
-        mxfp4_states = {name: f"{st.state}: {st.reason}" for name, st in checkpoint.states.items()} if checkpoint else None
+        checkpoint_states = ({name: f"{st.state}: {st.reason}" for name, st in checkpoint.states.items()}
+                             if checkpoint else {})
     if drift and any(p.state == APPLIED for p in patches):
         from gptoss_patch import drift as drifts
 
@@ -54,8 +55,12 @@ def status(drift: bool = True) -> Status:
             if p.state == APPLIED:
                 p.fingerprint, p.drift = drifts.describe(p.target)
     details = {"guard": f"{guard_state.state}: {guard_state.reason}" if guard_state else "not armed"}
-    if mxfp4_states is not None:
-        details["checkpoint_mxfp4"] = mxfp4_states
+    # the vLLM-side checkpoint registry holds two capabilities' patches: mxfp4.* (checkpoint_mxfp4) and
+    # checkpoint.* (checkpoint_bf16: the expert-parallel range of vLLM 0.11.0)
+    for cap, prefix in (("checkpoint_mxfp4", "mxfp4."), ("checkpoint_bf16", "checkpoint.")):
+        states = {name: st for name, st in checkpoint_states.items() if name.startswith(prefix)}
+        if states:
+            details[cap] = states
     kernels = sys.modules.get("gptoss_patch.kernels.attention")
     if kernels is not None and kernels.path_description():
         details["attention_path"] = kernels.path_description()

@@ -8,9 +8,9 @@ native 0.15.0rc1 cell, and compare). Figures are printed, never asserted.
 * Start-up (``vllm serve``, PIECEWISE, the main job's flags): seconds from launch to each phase vLLM and vllm-ascend
   log (model loaded, torch.compile done, ACL graphs captured, engine initialised, ``/health`` answering), read from
   the server's own log lines. At ``--tensor-parallel-size 2`` (the model whose ranks hold gpt-oss-120b's per-rank
-  shapes at TP 8), per rank: the weights vLLM loaded, the simulated device memory in use after the profiling run
-  (``total - available`` as vllm-ascend's worker logs it; the simulator counts the worker process's resident-set growth,
-  so it includes the host-side runtime) and the MoE padding the NZ patch applied (``weights.pad_moe_intermediate``'s
+  shapes at TP 8), per rank: the weights vLLM loaded, the peak simulated device memory of the profiling run
+  (``0.9 * total - available`` from vllm-ascend's worker log line; the simulator counts the worker process's
+  resident-set growth, so it includes the host-side runtime) and the MoE padding the NZ patch applied (``weights.pad_moe_intermediate``'s
   log line; none where the release does not NZ-cast, e.g. float32 on 0.12.0rc1).
 * Decode step (in-process ``LLM``, eager, batch of 4 harmony prompts, greedy): wall time per decode step and, the
   figure that does not depend on the machine's load, the number of simulated ``torch_npu`` operator calls per decode
@@ -40,6 +40,7 @@ _RANK = re.compile(r"\((?:Worker_TP|VllmWorker[-_]?)(\d+)[^)]*pid=(\d+)\)")
 _WEIGHTS = re.compile(r"Loading (?:model )?weights took ([\d.]+) GB")
 _MEMORY = re.compile(r"Available memory: (\d+), total memory: (\d+)")
 _PAD = re.compile(r"MoE intermediate size per rank (\d+) -> (\d+)")
+GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default --gpu-memory-utilization (serve_job.serve_command does not set it)
 
 
 def per_rank(text: str) -> dict[int, dict[str, str]]:
@@ -53,8 +54,11 @@ def per_rank(text: str) -> dict[int, dict[str, str]]:
         if (w := _WEIGHTS.search(line)):
             r["weights loaded"] = f"{float(w.group(1)):.3f} GB"
         if (a := _MEMORY.search(line)):
-            used = int(a.group(2)) - int(a.group(1))
-            r["device memory in use after profiling"] = f"{used / 2**30:.2f} GiB of {int(a.group(2)) / 2**30:.0f} GiB"
+            # vllm-ascend's worker logs available = total * gpu_memory_utilization - peak (worker_v1.py); the serve
+            # command keeps vLLM's default utilisation, 0.9
+            total = int(a.group(2))
+            peak = GPU_MEMORY_UTILIZATION * total - int(a.group(1))
+            r["peak simulated device memory while profiling"] = f"{peak / 2**30:.2f} GiB of {total / 2**30:.0f} GiB"
         if (p := _PAD.search(line)):
             r["MoE intermediate padded"] = f"{p.group(1)} -> {p.group(2)} per rank"
     return ranks

@@ -51,8 +51,10 @@ def _load_weights_other(wrapped: Any, instance: Any, args: tuple, kwargs: dict) 
     start, end = bound.arguments["ep_rank_start"], bound.arguments["ep_rank_end"]
     fixed = ordered_expert_range(start, end)
     if fixed != (start, end):
-        _log.info("gptoss-patch: expert-parallel weight range passed reversed (%d, %d); loading experts [%d, %d)",
-                  start, end, *fixed)
+        # vLLM 0.11.0 computes (and swaps) the range at every load; it slices by it only with expert parallel
+        if getattr(getattr(instance, "parallel_config", None), "enable_expert_parallel", False):
+            _log.info("gptoss-patch: expert-parallel weight range passed reversed (%d, %d); loading experts [%d, %d)",
+                      start, end, *fixed)
         bound.arguments["ep_rank_start"], bound.arguments["ep_rank_end"] = fixed
     return wrapped(*bound.args, **bound.kwargs)
 

@@ -489,15 +489,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--checkpoint", default="bf16", choices=["bf16", "mxfp4"],
                     help="the tiny model's layout: public BF16 (default) or the official MXFP4")
-    ap.add_argument("--tensor-parallel-size", type=int, default=2, choices=[1, 2],
-                    help="ranks, one worker process each (default 2, the seed's TP 8 scaled down); at 2 the BF16 "
-                    "model is the one whose every rank has gpt-oss-120b's per-rank shapes at TP 8")
+    ap.add_argument("--tensor-parallel-size", type=int, default=None, choices=[1, 2],
+                    help="ranks, one worker process each (default: 2 for the BF16 model, the seed's TP 8 scaled "
+                    "down, whose every rank has gpt-oss-120b's per-rank shapes at TP 8; 1 for MXFP4, as tested)")
     ap.add_argument("--enable-expert-parallel", action="store_true",
                     help="expert parallel across the tensor-parallel ranks (EP size = TP size)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.max_tokens < 1:
         ap.error(f"--max-tokens must be >= 1, got {args.max_tokens}")
+    if args.tensor_parallel_size is None:
+        args.tensor_parallel_size = 2 if args.checkpoint == "bf16" else 1
     fmt = "bf16-tp2" if args.tensor_parallel_size == 2 and args.checkpoint == "bf16" else args.checkpoint
     report = run(args.workdir, mode=args.mode, max_tokens=args.max_tokens, checkpoint_format=fmt,
                  tensor_parallel_size=args.tensor_parallel_size,

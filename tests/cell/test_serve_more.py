@@ -63,6 +63,7 @@ def test_vllm_serve_expert_parallel_2():
                            tensor_parallel_size=2, extra_args=["--enable-expert-parallel"],
                            extra_env={"GPTOSS_PATCH_SIM_UNINITIALISED": "finite"})
     _checks(report, "PIECEWISE", tensor_parallel_size=2)
+    assert "Expert parallelism is enabled" in report.log_text  # vLLM's own line: EP really was on
     assert "expert-parallel weight range passed reversed" in report.log_text  # the patch did the loading
 
 

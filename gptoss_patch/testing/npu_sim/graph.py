@@ -296,6 +296,23 @@ class _EventNode:
         return set()
 
 
+def _on_hccl_group(func: Any, args: tuple, kwargs: dict) -> bool:
+    """True when a ``_c10d_functional`` operator's ``group_name`` argument names a process group of the ``hccl``
+    backend (a gloo CPU group's collective is host work, not a graph task)."""
+    names = [a.name for a in func._schema.arguments]
+    if "group_name" not in names:
+        return False
+    i = names.index("group_name")
+    group_name = kwargs.get("group_name", args[i] if i < len(args) else None)
+    try:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        return dist.get_backend(c10d._resolve_process_group(group_name)) == "hccl"
+    except (RuntimeError, ValueError, AttributeError, TypeError):
+        return False
+
+
 def _synchronous(func: Any) -> Callable[..., Any]:
     """``func`` (a ``_c10d_functional`` collective) followed by ``wait_tensor`` on each tensor it returns."""
 
@@ -357,7 +374,7 @@ class _Capture:
         task completes in stream order); ``wait_tensor`` itself launches nothing."""
         with self.leaf():
             result = func(*args, **kwargs)
-        if func.__name__.startswith("wait_tensor"):
+        if func.__name__.startswith("wait_tensor") or not _on_hccl_group(func, args, kwargs):
             return result
         self.add(_OpNode(f"hccl.{func.__name__}", _synchronous(func), args, kwargs, result, npu=False))
         return result
@@ -827,8 +844,13 @@ def record_collective(name: str, fn: Callable[..., Any], args: tuple, kwargs: di
     with cap.leaf():
         result = fn(*args, **kwargs)
     args, kwargs = _launch_args(fn, (), args, kwargs)
-    if "async_op" in kwargs:
-        kwargs["async_op"] = False
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        bound = None
+    if bound is not None and "async_op" in inspect.signature(fn).parameters:
+        bound.arguments["async_op"] = False  # positional or keyword alike
+        args, kwargs = bound.args, bound.kwargs
     cap.add(_OpNode(f"hccl.{name}", fn, args, kwargs, None, npu=False))
     return result
 
