@@ -16,6 +16,8 @@ How
     on the releases whose ``checkpoint_bf16`` capability is *patched* (:data:`gptoss_patch.matrix.ROWS`, the rows
     paired with vLLM 0.11.0), and applied only where the target is still declared start-first (the defect check of
     :class:`gptoss_patch.registry.PatchSpec`).
+Removal
+    When no row paired with vLLM 0.11.0 is left in the matrix (vLLM 0.12.0 and later never need it).
 Proof
     ``tests/cell/test_serve_more.py``: ``vllm serve --tensor-parallel-size 2 --enable-expert-parallel`` in the 0.11.0
     cell answers with transformers' tokens; with the patch disabled the server does not start (the error above).

@@ -101,6 +101,8 @@ def record_collectives_in_graphs() -> None:
         sig = inspect.signature(fn)
 
         def wrapper(*args: Any, _fn=fn, _name=name, _sig=sig, **kwargs: Any) -> Any:
+            if graph.capture_idle():  # the common case, every step of an eager run: no capture, nothing to record
+                return _fn(*args, **kwargs)
             if torch.compiler.is_compiling():
                 # TorchDynamo traces the original, which it turns into a functional collective (``_c10d_functional``)
                 # of the FX graph; graph capture records those in its dispatch mode (npu_sim.graph)

@@ -820,6 +820,11 @@ def _dispatch(name: str, fn: Callable[..., Any], host_params: tuple[str, ...], h
     return fn(*args, **kwargs)
 
 
+def capture_idle() -> bool:
+    """True when no NPU graph capture is underway in this process (a collective then needs no recording)."""
+    return _capture is None
+
+
 def record_collective(name: str, fn: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
     """Run a collective of the simulated ``hccl`` backend; during a capture on this thread, also record it as a task.
 
