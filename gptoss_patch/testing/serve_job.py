@@ -353,8 +353,10 @@ def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int 
     ``extra_env``: more environment for the server (e.g. ``GPTOSS_PATCH_DISABLE=1`` to show the unpatched stack).
     ``tensor_parallel_size``: ranks (one worker process each through vLLM's multiprocessing executor);
     ``extra_args``: more ``vllm serve`` arguments (e.g. ``["--enable-expert-parallel"]``).
-    ``checkpoint_format``: ``"bf16"`` (the public BF16 layout) or ``"mxfp4"`` (the official MXFP4 layout, which the
-    patched stack dequantizes while loading; the reference dequantizes with transformers' own code).
+    ``checkpoint_format``: a key of :data:`gptoss_patch.testing.main_job.CHECKPOINTS`: ``"bf16"`` (the public BF16
+    layout), ``"bf16-tp2"`` (the same layout, the model whose ranks at TP 2 hold gpt-oss-120b's per-rank shapes at TP
+    8) or ``"mxfp4"`` (the official MXFP4 layout, which the patched stack dequantizes while loading; the reference
+    dequantizes with transformers' own code).
 
     Raises:
         ValueError: an unknown ``mode``.
