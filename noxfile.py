@@ -123,7 +123,7 @@ VLLM_018_IMPORT_DEPS = _repin(_NATIVE_COMMON, "mistral_common>=1.10.0", "openai>
 VLLM_019_IMPORT_DEPS = _repin(_NATIVE_COMMON, "mistral_common>=1.10.0", "openai>=2.0.0", *_OTEL,
                               "compressed-tensors==0.15.0.1", "transformers==5.5.3")
 
-#: The calibration suite of a natively supporting release (stand-down rows and layout G).
+#: The calibration suite of a release with native sinks (layouts H and G, and the stand-down rows).
 _NATIVE_SUITE = {"tests": ["tests/cell/native_015"]}
 
 #: The suite of a patched release (tests/cell without the calibration suite). tests/cell/test_serve_more.py (more

@@ -94,9 +94,11 @@ def _decide(force: bool | None) -> tuple[environment.Versions, matrix.Decision]:
     declared = _declared(versions)
     decision = matrix.decide(versions.vllm_ascend, versions.vllm, force=force, vllm_declared=declared,
                              structural_check=functools.partial(_structural_check, installed_vllm=versions.vllm_installed))
-    if decision.verdict == matrix.STAND_DOWN:
-        # upstream's code runs unpatched: check the defect a mismatched vLLM brings (a forced or declared pairing,
-        # an edited install) in the installed files themselves
+    row = decision.row
+    if decision.verdict == matrix.STAND_DOWN or (
+            decision.verdict == matrix.APPLY and matrix.native_sinks(row) and row.caps["moe"].state == matrix.NATIVE):
+        # upstream's MoE code runs unpatched (stand-down, layout H): check the defect a mismatched vLLM brings (a
+        # forced, declared or structurally mapped pairing, an edited install) in the installed files themselves
         problems = native_pairing_problems(declared)
         if problems:
             return versions, matrix.Decision(matrix.REFUSE, "; ".join(problems), decision.row)

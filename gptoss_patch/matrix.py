@@ -98,9 +98,15 @@ LAYOUTS: dict[str, dict[str, str]] = {
         **_FROM_012,
         "aclgraph_update_graph_params": f"{_AA}:AscendAttentionBackendImpl.update_graph_params",
     },
-    # G = 0.17.0rc1, 0.18.0rc1, 0.18.0: native GPT-OSS; only the MoE activation string compare is wrong with
-    # vLLM >= 0.17's MoEActivation Enum (unified_apply_mlp calls unquant_apply_mlp through the module global)
+    # H = 0.15.0rc1, 0.16.0rc1: native GPT-OSS (sinks taken by __init__), but the sliding layers' fused call passes
+    # swa_mask with sparse_mode 4 and admits 129 keys (docs/upstream.md §4.3, §4.4); forward_impl as in 0.12-0.14
+    "H": {
+        "attention_impl_forward_impl": f"{_AA}:AscendAttentionBackendImpl.forward_impl",
+    },
+    # G = 0.17.0rc1, 0.18.0rc1, 0.18.0: layout H, and the MoE activation string compare is wrong with vLLM >= 0.17's
+    # MoEActivation Enum (unified_apply_mlp calls unquant_apply_mlp through the module global)
     "G": {
+        "attention_impl_forward_impl": f"{_AA}:AscendAttentionBackendImpl.forward_impl",
         "moe_unquant_apply_mlp": f"{_FM}.moe_mlp:unquant_apply_mlp",
     },
 }
@@ -177,7 +183,11 @@ LAYOUT_PATCHES: dict[str, tuple[str, ...]] = {
         "aclgraph.update_graph_params",
         "weights.pad_moe_intermediate",
     ),
+    "H": (
+        "attention.sink_window_forward_impl",
+    ),
     "G": (
+        "attention.sink_window_forward_impl",
         "moe.activation_name",
     ),
 }
@@ -232,8 +242,11 @@ _C_GRAPH_NATIVE_BUG = Cap(REFUSED, "FULL_DECODE_ONLY capture of GPT-OSS attentio
 _C_BAND = Cap(DEVIATES, "sliding layers take the TND band with sparse_mode 4 and pre_tokens = 128: 129 keys "
                         "where GPT-OSS attends 128 (docs/operators.md, calibration finding 2; every release up to "
                         "0.30.0rc2)")
-_C_BAND_SWA = Cap(DEVIATES, _C_BAND.note + "; and the sliding layers' swa_mask breaks the sparse_mode 4 mask "
-                                           "constraint (fixed by PR #8387 in 0.19.1rc1)")
+#: vllm-ascend 0.15.0rc1 - 0.18.0 (layouts H, G): upstream's sliding layers are wrong twice; we route the layers with
+#: sinks or a window to the same fused call as on 0.12-0.14 (gptoss_patch.patches.attention ``_forward_impl``).
+_C_SWA_PATCHED = Cap(PATCHED, "upstream's sliding layers pass swa_mask with sparse_mode 4 (not the template mask the "
+                              "operator requires; fixed by PR #8387 in 0.19.1rc1) and admit 129 keys; layers with "
+                              "sinks or a window run our fused call: template mask, 128-key band")
 _C_PA_SHAPES = Cap(REFUSED, "with additional_config.pa_shape_list, FULL_DECODE_ONLY decode batches of those sizes run "
                             "GPT-OSS's full-attention layers through _npu_paged_attention, which has no sinks "
                             "(forward_impl checks the window, not the sinks; every release up to 0.30.0rc2); "
@@ -279,7 +292,7 @@ def _patched_caps(p310: Cap = _C_310P, bf16: Cap = Cap(NATIVE)) -> dict[str, Cap
 def _native_caps(**changes: Cap) -> dict[str, Cap]:
     """Capabilities of a natively supporting row (vllm-ascend >= 0.15.0rc1), with ``changes``."""
     caps = {
-        "attention": _C_BAND_SWA,
+        "attention": _C_BAND,
         "attention_graph": _C_GRAPH_NATIVE_BUG,
         "moe": Cap(NATIVE),
         "quantized_moe": _C_QUANT,
@@ -367,24 +380,26 @@ ROWS: tuple[Row, ...] = (
         _patched_caps(p310=Cap(REFUSED, "the 310P backend is a subclass (vllm_ascend/_310p/attention/attention_v1.py "
                                         "AscendAttentionBackendImpl310) with its own forward_impl and no sinks; "
                                         "use an Atlas A2/A3 (910B/910C) card"))),
-    Row("0.15.0rc1", "0.15.0", "2.9.0", "2.9.0", "8.5.0", STAND_DOWN, None, True,
-        "native GPT-OSS support (PR #5901); calibration cell", _native_caps()),
-    Row("0.16.0rc1", "0.16.0", "2.9.0", "2.9.0", "8.5.0", STAND_DOWN, None, True,
-        "native GPT-OSS support; vLLM 0.16.0 still passes the MoE activation as a string", _native_caps()),
+    Row("0.15.0rc1", "0.15.0", "2.9.0", "2.9.0", "8.5.0", APPLY, "H", True,
+        "native GPT-OSS support (PR #5901); sliding-window attention patched (swa_mask, 129 keys)",
+        _native_caps(attention=_C_SWA_PATCHED)),
+    Row("0.16.0rc1", "0.16.0", "2.9.0", "2.9.0", "8.5.0", APPLY, "H", True,
+        "native GPT-OSS support; sliding-window attention patched (swa_mask, 129 keys); vLLM 0.16.0 still passes "
+        "the MoE activation as a string", _native_caps(attention=_C_SWA_PATCHED)),
     Row("0.17.0rc1", "0.17.0", "2.9.0", "2.9.0", "8.5.1", APPLY, "G", True,
-        "native attention; MoE activation patched (vLLM 0.17 Enum vs vllm-ascend string)",
-        _native_caps(moe=_C_MOE_ENUM)),
+        "sliding-window attention patched (swa_mask, 129 keys); MoE activation patched (vLLM 0.17 Enum vs "
+        "vllm-ascend string)", _native_caps(attention=_C_SWA_PATCHED, moe=_C_MOE_ENUM)),
     Row("0.18.0rc1", "0.18.0", "2.9.0", "2.9.0", "8.5.1", APPLY, "G", False,
-        "native attention; MoE activation patched (vLLM 0.18 Enum vs vllm-ascend string)",
-        _native_caps(moe=_C_MOE_ENUM)),
+        "sliding-window attention patched (swa_mask, 129 keys); MoE activation patched (vLLM 0.18 Enum vs "
+        "vllm-ascend string)", _native_caps(attention=_C_SWA_PATCHED, moe=_C_MOE_ENUM)),
     Row("0.18.0", "0.18.0", "2.9.0", "2.9.0", "8.5.1", APPLY, "G", True,
-        "native attention; MoE activation patched (vLLM 0.18 Enum vs vllm-ascend string)",
-        _native_caps(moe=_C_MOE_ENUM)),
+        "sliding-window attention patched (swa_mask, 129 keys); MoE activation patched (vLLM 0.18 Enum vs "
+        "vllm-ascend string)", _native_caps(attention=_C_SWA_PATCHED, moe=_C_MOE_ENUM)),
     Row("0.19.1rc1", "0.19.1", "2.9.0", "2.9.0", "8.5.1", STAND_DOWN, None, True,
         "native GPT-OSS support (MoE activation fixed by PR #8465, swa_mask by PR #8387)",
-        _native_caps(attention=_C_BAND)),
+        _native_caps()),
     *(Row(va, vv, "2.10.0", npu, cann, STAND_DOWN, None, False, note,
-          _native_caps(**{"attention": _C_BAND, "attention_graph": _C_GRAPH_NATIVE,
+          _native_caps(**{"attention_graph": _C_GRAPH_NATIVE,
                           "checkpoint_mxfp4": _C_MXFP4_UNCHECKED, **changes}))
       for va, vv, npu, cann, note, changes in (
           ("0.20.2rc1", "0.20.2", "2.10.0", "9.0.0", "native; graphs keep the sinks (PR #9165)", {}),
@@ -416,9 +431,16 @@ def newest_row(rows: Sequence[Row] = ROWS) -> Row:
 
 
 def native_attention(row: Row | None) -> bool:
-    """True when ``row``'s GPT-OSS attention is upstream's own code (no attention patch of ours runs): the rows
-    whose cells run the native calibration suite (``tests/cell/native_015``)."""
+    """True when ``row``'s GPT-OSS attention is upstream's own code (no attention patch of ours runs): 0.19.1rc1
+    and later; 0.15.0rc1 - 0.18.0 route their sink and sliding layers to our call (layouts H, G)."""
     return row is not None and bool(row.caps) and row.caps["attention"].state in (NATIVE, DEVIATES)
+
+
+def native_sinks(row: Row | None) -> bool:
+    """True when ``row``'s vllm-ascend has GPT-OSS support of its own (``AscendAttentionBackendImpl`` takes
+    ``sinks``, :data:`NATIVE_FROM` on): its cells run the calibration suite ``tests/cell/native_015`` (upstream's
+    metadata builder, upstream's paths calibrated unwrapped), whatever we patch on top."""
+    return row is not None and bool(row.caps) and row.version >= Version(NATIVE_FROM)
 
 
 def cap_lines(row: Row | None) -> tuple[str, ...]:

@@ -7,8 +7,9 @@ Where the numbers come from:
   (layouts B, C, E, F) the patched ``AscendAttentionBackendImpl`` (entered as vLLM enters it,
   :func:`gptoss_patch.testing.attention_case.run_forward`), the patched unquantized MoE method (a real ``FusedMoE``
   built with the arguments of vLLM's ``gpt_oss.py`` ``MLPBlock``, :func:`gptoss_patch.testing.moe_case.build_layer`)
-  and the patched ``AscendYaRNRotaryEmbedding``; on a native row (0.15.0rc1+, and layout G's attention) upstream's own
-  attention (:mod:`gptoss_patch.testing.native_015`). The operators are the real ``torch_npu`` on an Ascend host, the
+  and the patched ``AscendYaRNRotaryEmbedding``; on a row with native sinks (0.15.0rc1+) the release's own
+  ``AscendAttentionBackendImpl.forward`` fed by its own metadata builder (:mod:`gptoss_patch.testing.native_015`):
+  upstream's attention, or ours where layouts H and G (0.15.0rc1 - 0.18.0) patch ``forward_impl``. The operators are the real ``torch_npu`` on an Ascend host, the
   CPU NPU simulator with ``--simulate`` (docs/simulator.md).
 * **The reference** is transformers' GPT-OSS modeling code in float32 on the same (bf16-rounded) inputs:
   ``eager_attention_forward`` with its sink column and ``causal_mask_function`` /
@@ -53,9 +54,7 @@ the way the simulator needs it (:mod:`gptoss_patch.testing.vllm_setup`, :func:`g
 vllm_context` install the simulator); on a real NPU the cases still need device placement of their tensors, so there
 they report errors rather than numbers (open work, issue 17).
 
-Not covered here yet (listed in the result under ``not_covered``): the rope of native rows, and the swa_mask
-sliding layers of 0.15.0rc1 - 0.18.0 on the simulator (which refuses that mask: docs/simulator.md, finding 1; they
-run on a real NPU).
+Not covered here yet (listed in the result under ``not_covered``): the rope of native rows.
 """
 
 from __future__ import annotations
@@ -229,7 +228,7 @@ def _patched_attention(results: list[CaseResult], paths: list[str]) -> None:
                 _run_case(results, name, one)
 
 
-def _native_attention(results: list[CaseResult], deviates: bool, simulated: bool) -> None:
+def _native_attention(results: list[CaseResult], deviates: bool) -> None:
     from gptoss_patch.testing import native_015 as n015
 
     cfg, _ = n015.vllm_context(dtype="bfloat16")  # bf16: the dtype GPT-OSS serves in
@@ -244,14 +243,7 @@ def _native_attention(results: list[CaseResult], deviates: bool, simulated: bool
                                        seed=100 + i, sliding_window=window)
                 impl = n015.make_impl(cfg, num_heads=HEADS, num_kv_heads=KV_HEADS, sliding_window=window,
                                       sinks=sinks)
-                try:
-                    out = n015.run_native_forward(cfg, impl, case)
-                except RuntimeError as exc:
-                    if simulated and window and "template" in str(exc):
-                        return CaseResult(name, None, None, True, skipped=True,
-                                          note="the simulator refuses this release's swa_mask (docs/simulator.md, "
-                                               "finding 1); checked on a real NPU only")
-                    raise
+                out = n015.run_native_forward(cfg, impl, case)  # ours where layouts H / G patch forward_impl
                 note = (f"reference window {ref_window}: the documented 129-key band of this release "
                         "(docs/operators.md)" if ref_window == DEVIATING_WINDOW else "")
                 return _attention_result(name, case, out, sinks, ref_window, note)
@@ -433,9 +425,9 @@ def run(status: Any = None) -> SelfTest:
         result.not_covered.append(f"everything: the stack is not covered ({status.reason})")
         result.seconds = time.monotonic() - start
         return result
-    if matrix.native_attention(row):
+    if matrix.native_sinks(row):  # upstream's metadata builder; its attention, or ours where H / G patch it
         deviates = caps.get("attention", {}).get("state") == matrix.DEVIATES
-        _native_attention(result.cases, deviates, versions.simulated_npu)
+        _native_attention(result.cases, deviates)
         from gptoss_patch.testing import native_015 as n015
 
         cfg, ckpt = n015.vllm_context(dtype="bfloat16")

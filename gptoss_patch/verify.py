@@ -175,10 +175,15 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
             if not _child_ok(d, status.decision):
                 why = d.get("error") or d.get("import_error") or d.get("reason")
                 report["problems"].append(f"activation not proven in a {label}: {why}")
-    # the main job runs our runner over the patched attention path (layouts B-F); layout G patches only the MoE of a
-    # native release, whose calibration is tests/cell/native_015
+    # the main job runs our runner (gptoss_patch.testing.runner, whose rules cover 0.11-0.14) over the patched
+    # attention path of layouts B-F; layouts H and G patch releases with native sinks, whose engine-level check is
+    # tests/cell/native_015 (vllm serve through the real engine)
+    from gptoss_patch import matrix
+
+    row = next((r for r in matrix.ROWS if r.vllm_ascend == status.row), None)
     patched_attention = status.capabilities.get("attention", {}).get("state") == "patched"
-    if simulate and status.decision == "apply" and patched_attention and not import_error:
+    if (simulate and status.decision == "apply" and patched_attention and not matrix.native_sinks(row)
+            and not import_error):
         report["main_job"] = {}
         for mode, graph in (("eager", False), ("graph", True)):
             job = run_main_job(graph=graph)

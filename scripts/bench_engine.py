@@ -3,7 +3,7 @@ decode step, for the installed vllm / vllm-ascend pair (run it in a matrix cell,
 native 0.15.0rc1 cell, and compare). Figures are printed, never asserted.
 
 ``python scripts/bench_engine.py [--workdir DIR] [--steps 32] [--skip-serve] [--skip-decode]
-[--tensor-parallel-size 2]``
+[--tensor-parallel-size 2] [--upstream-attention]``
 
 * Start-up (``vllm serve``, PIECEWISE, the main job's flags): seconds from launch to each phase vLLM and vllm-ascend
   log (model loaded, torch.compile done, ACL graphs captured, engine initialised, ``/health`` answering), read from
@@ -15,7 +15,10 @@ native 0.15.0rc1 cell, and compare). Figures are printed, never asserted.
 * Decode step (in-process ``LLM``, eager, batch of 4 harmony prompts, greedy): wall time per decode step and, the
   figure that does not depend on the machine's load, the number of simulated ``torch_npu`` operator calls per decode
   step (the launches an NPU would see from the host). The wall time includes the simulator's emulation of every
-  operator on the CPU: compare it only between cells on the same machine, same load.
+  operator on the CPU: compare it only between cells on the same machine, same load. ``--upstream-attention`` (cells
+  0.15.0rc1 - 0.18.0): the same decode through upstream's own attention instead of ours - gptoss-patch disabled and the
+  ``swa_mask`` the simulator refuses replaced by the template of upstream's later fix (PR #8387) - so patched and
+  native are compared on one release, one model and one batch.
 """
 
 from __future__ import annotations
@@ -96,7 +99,32 @@ def bench_startup(workdir: Path, tensor_parallel_size: int = 1) -> None:
                   + ("" if "MoE intermediate padded" in figures else "; MoE intermediate not padded"))
 
 
-def bench_decode(workdir: Path, steps: int) -> None:
+def upstream_template_mask() -> str:
+    """For ``--upstream-attention``: make vllm-ascend 0.15.0rc1 - 0.18.0's own sliding layers runnable on the simulator
+    by handing them the template mask instead of ``swa_mask`` - what upstream's fix (PR #8387, 0.19.1rc1) passes
+    (docs/upstream.md §4.4). Wraps ``AscendAttentionMetadataBuilder.build`` in this process; returns what was done.
+
+    Raises:
+        SystemExit: the installed vllm-ascend has no ``swa_mask`` (nothing to substitute: 0.11-0.14, or 0.19.1rc1+).
+    """
+    import dataclasses
+
+    import vllm_ascend.attention.attention_v1 as aa
+
+    if "swa_mask" not in {f.name for f in dataclasses.fields(aa.AscendMetadata)}:
+        raise SystemExit("--upstream-attention is for vllm-ascend 0.15.0rc1 - 0.18.0 (their AscendMetadata.swa_mask); "
+                         "elsewhere run without it")
+    build = aa.AscendAttentionMetadataBuilder.build
+
+    def build_with_template(self, *args, **kwargs):
+        md = build(self, *args, **kwargs)
+        return dataclasses.replace(md, swa_mask=md.attn_mask)
+
+    aa.AscendAttentionMetadataBuilder.build = build_with_template
+    return "upstream's own attention (gptoss-patch disabled), swa_mask replaced by the template (PR #8387)"
+
+
+def bench_decode(workdir: Path, steps: int, upstream_attention: bool = False) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     from gptoss_patch import tokenizer
     from gptoss_patch.testing import main_job, npu_sim
@@ -105,6 +133,12 @@ def bench_decode(workdir: Path, steps: int) -> None:
     import torch_npu
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+
+    import gptoss_patch
+
+    st = gptoss_patch.status()
+    what = upstream_template_mask() if upstream_attention else \
+        f"gptoss-patch {st.decision}, patches: {', '.join(p.name for p in st.patches) or 'none'}"
 
     ckpt = main_job.ensure_checkpoint(workdir)
     os.environ.update(tokenizer.prepare(workdir / "vocab").env)
@@ -140,7 +174,7 @@ def bench_decode(workdir: Path, steps: int) -> None:
         setattr(torch_npu, name, fn)
     step_s = (total_s - prefill_s) / steps
     step_calls = (total_calls - prefill_calls) / steps
-    print(f"decode step (eager, batch 4, {steps} steps after a prefill of {sum(map(len, prompts))} tokens):")
+    print(f"decode step (eager, batch 4, {steps} steps after a prefill of {sum(map(len, prompts))} tokens; {what}):")
     print(f"  wall time per decode step: {step_s * 1e3:.1f} ms (simulator emulation included)")
     print(f"  simulated torch_npu operator calls per decode step: {step_calls:.1f}")
 
@@ -153,18 +187,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-serve", action="store_true", help="no vllm serve start-up measurement")
     ap.add_argument("--tensor-parallel-size", type=int, default=1, choices=[1, 2],
                     help="ranks of the start-up measurement (2: per-rank memory and padding)")
-    ap.add_argument("--skip-decode", action="store_true",
-                    help="no decode-step measurement (native 0.15-0.18 stop at the first sliding-window prefill)")
+    ap.add_argument("--skip-decode", action="store_true", help="no decode-step measurement")
+    ap.add_argument("--upstream-attention", action="store_true",
+                    help="decode step through vllm-ascend 0.15.0rc1-0.18.0's own attention: gptoss-patch disabled, "
+                         "upstream's swa_mask replaced by the template of its later fix (PR #8387); implies "
+                         "--skip-serve")
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
+    if args.upstream_attention and os.environ.get("GPTOSS_PATCH_DISABLE") != "1":
+        # the .pth hook activates at interpreter start-up: start again with the patches off (the guard let through)
+        env = dict(os.environ, GPTOSS_PATCH_DISABLE="1", GPTOSS_PATCH_ALLOW_UNPATCHED="1")
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *(sys.argv[1:] if argv is None else argv)],
+                  env)
+    if args.upstream_attention:
+        args.skip_serve = True
     import importlib.metadata as md
 
     print(f"vllm {md.version('vllm')} + vllm-ascend {md.version('vllm-ascend')}")
     if not args.skip_serve:
         bench_startup(args.workdir, args.tensor_parallel_size)
     if not args.skip_decode:
-        bench_decode(args.workdir, args.steps)
+        bench_decode(args.workdir, args.steps, args.upstream_attention)
     return 0
 
 

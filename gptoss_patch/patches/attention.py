@@ -27,12 +27,18 @@ How
       PrefillNoCache the fresh K/V are already in the cache, so attending over the cache is exact). Upstream's own
       eager sliding-window decode (``_forward_decode_only`` / ``_forward_fia_slidingwindow``) returns a new tensor
       instead of writing the buffer vLLM reads (docs/upstream.md §7.2) - never reached for our layers.
+    * 0.15.0rc1 - 0.18.0 (``attention.sink_window_forward_impl`` alone, layouts H and G): upstream takes the sinks
+      itself (``__init__``'s ``sinks`` parameter, stored as ``self.sinks``) and keeps 0.12's ``forward`` ->
+      ``forward_impl`` structure, but its sliding layers hand ``npu_fused_infer_attention_score_v2`` the band-shaped
+      ``swa_mask`` with ``sparse_mode 4`` (not the template the operator requires; undocumented result) and
+      ``pre_tokens = 128`` (129 keys; docs/upstream.md §4.3, §4.4). The same wrapper routes those layers to our call.
 Upstream releases
-    vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (layouts B, C, E, F in :mod:`gptoss_patch.matrix`). 0.15.0rc1
-    added the parameter natively (``sinks: torch.Tensor = None``); the structural check refuses a
-    target that already has it.
+    vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (layouts B, C, E, F in :mod:`gptoss_patch.matrix`): all three. 0.15.0rc1
+    added the ``sinks`` parameter natively; ``keep_sinks``' structural check refuses a target that already has it.
+    0.15.0rc1 ... 0.18.0 (layouts H, G): ``sink_window_forward_impl``. 0.19.1rc1 passes the template (PR #8387) and
+    stands down with the 129-key band as a documented deviation.
 Remove when
-    the oldest supported vllm-ascend is >= 0.15.0rc1.
+    the oldest supported vllm-ascend is >= 0.19.1rc1.
 """
 
 from __future__ import annotations

@@ -42,7 +42,9 @@ What cannot run here, and why (each checked by :func:`vllm_context`):
 
 from __future__ import annotations
 
+import inspect
 import os
+import types
 import tempfile
 import threading
 from dataclasses import dataclass
@@ -295,13 +297,17 @@ class _Layer:
     layer_name = "model.layers.0.self_attn.attn"
 
 
-def run_native_forward(cfg, impl, case: Case, metadata=None) -> torch.Tensor:
+def run_native_forward(cfg, impl, case: Case, metadata=None, upstream: bool = False) -> torch.Tensor:
     """Run the release's eager ``AscendAttentionBackendImpl.forward`` on ``case``.
 
     The call is what ``vllm.attention.layer.unified_attention_with_output`` makes - ``impl.forward(layer,
     query [T,N,D], key [T,KV_N,D], value, kv_cache=(key_cache, value_cache), attn_metadata, output=[T,N,D])`` -
     inside ``set_ascend_forward_context`` (eager: ``capturing`` False). ``metadata`` overrides
     ``case.metadata``. The caches are cloned, so a case can be run more than once.
+
+    ``upstream``: run upstream's own ``forward_impl`` even where gptoss-patch wraps it (layouts H and G,
+    ``attention.sink_window_forward_impl``) - the calibration measures vllm-ascend's code, not ours. The original is
+    bound on this ``impl`` only (an instance attribute shadowing the class's wrapper) for the call.
 
     Returns:
         The output buffer ``[T, N, D]`` in the query dtype (pre-filled with NaN, so rows the forward leaves
@@ -313,9 +319,15 @@ def run_native_forward(cfg, impl, case: Case, metadata=None) -> torch.Tensor:
     md = case.metadata if metadata is None else metadata
     out = torch.full((case.num_tokens, case.num_heads, case.head_dim), float("nan"), dtype=case.query.dtype)
     kv = (case.key_cache.clone(), case.value_cache.clone())
-    with set_current_vllm_config(cfg), set_ascend_forward_context({_Layer.layer_name: md}, cfg,
-                                                                  num_tokens=case.num_tokens):
-        ret = impl.forward(_Layer(), case.query, case.key, case.value, kv, md, output=out)
+    original = getattr(inspect.getattr_static(type(impl), "forward_impl"), "__wrapped__", None) if upstream else None
+    if original is not None:
+        impl.forward_impl = types.MethodType(original, impl)
+    try:
+        with set_current_vllm_config(cfg), set_ascend_forward_context({_Layer.layer_name: md}, cfg,
+                                                                      num_tokens=case.num_tokens):
+            ret = impl.forward(_Layer(), case.query, case.key, case.value, kv, md, output=out)
+    finally:
+        impl.__dict__.pop("forward_impl", None)
     assert ret.data_ptr() == out.data_ptr()
     return out
 

@@ -25,9 +25,9 @@ CELL = os.environ.get("GPTOSS_CELL")
 
 from gptoss_patch import matrix  # noqa: E402
 
-#: The cell's matrix row (None outside a cell). Rows whose GPT-OSS attention is upstream's own (stand-down rows and
-#: layout G, :func:`gptoss_patch.matrix.native_attention`) run the calibration suite tests/cell/native_015; the other
-#: apply rows run the rest of tests/cell against their layout (``ROW.layout``).
+#: The cell's matrix row (None outside a cell). Rows whose vllm-ascend has GPT-OSS support of its own (0.15.0rc1 on:
+#: layouts H and G, and the stand-down rows; :func:`gptoss_patch.matrix.native_sinks`) run the calibration suite
+#: tests/cell/native_015; the other apply rows run the rest of tests/cell against their layout (``ROW.layout``).
 ROW = next((r for r in matrix.ROWS if r.vllm_ascend == CELL), None)
 NATIVE_CELL = "0.15.0rc1"
 NATIVE_DIR = Path(__file__).resolve().parent / "native_015"
@@ -47,7 +47,7 @@ def pytest_collection_modifyitems(config, items):
     # noxfile.CELLS[release]["tests"] chooses the paths per cell; a mix-up fails here instead of running (or
     # skipping) another cell's suite.
     native = {i.nodeid for i in items if Path(i.path).resolve().is_relative_to(NATIVE_DIR)}
-    stand_down = matrix.native_attention(ROW)  # stand-down rows and layout G: upstream's own GPT-OSS attention
+    stand_down = matrix.native_sinks(ROW)  # 0.15.0rc1 on (layouts H, G and stand-down): upstream's own GPT-OSS
     wrong = [i.nodeid for i in items if (i.nodeid in native) != stand_down]
     if wrong:
         where = "only tests/cell/native_015" if stand_down else "tests/cell without native_015"

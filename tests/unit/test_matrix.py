@@ -46,7 +46,7 @@ def test_unpaired_vllm_needs_the_structural_check():
     assert decide("0.11.0", "0.12.0", structural_check=incompatible).verdict == REFUSE
 
 
-@pytest.mark.parametrize("va,vv", [("0.15.0rc1", "0.15.0"), ("0.16.0rc1", "0.16.0"), ("0.19.1rc1", "0.19.1")])
+@pytest.mark.parametrize("va,vv", [("0.19.1rc1", "0.19.1")])
 def test_native_releases_stand_down_but_never_say_the_patch_is_not_needed(va, vv):
     d = decide(va, vv)
     assert d.verdict == STAND_DOWN and d.row.vllm_ascend == va
@@ -54,14 +54,23 @@ def test_native_releases_stand_down_but_never_say_the_patch_is_not_needed(va, vv
     assert "the guard refuses what is still wrong upstream" in d.reason
 
 
-@pytest.mark.parametrize("va", ["0.17.0rc1", "0.18.0rc1", "0.18.0"])
-def test_018_is_not_stand_down_its_moe_activation_is_patched(va):
-    """vLLM 0.17/0.18 pass MoEActivation.SWIGLUOAI; vllm-ascend 0.17/0.18 compare with the string."""
+@pytest.mark.parametrize("va", ["0.15.0rc1", "0.16.0rc1", "0.17.0rc1", "0.18.0rc1", "0.18.0"])
+def test_015_to_018_apply_their_sliding_window_attention_patch(va):
+    """0.15.0rc1 - 0.18.0 hand their sliding layers swa_mask with sparse_mode 4 and a 129-key band: layout H patches
+    the attention; layout G (vLLM 0.17/0.18 pass MoEActivation.SWIGLUOAI, vllm-ascend compares with the string) the
+    MoE activation too."""
     row = next(r for r in matrix.ROWS if r.vllm_ascend == va)
     d = decide(va, row.vllm, structural_check=compatible)
-    assert d.verdict == APPLY and d.row.layout == "G"
-    assert matrix.LAYOUT_PATCHES["G"] == ("moe.activation_name",)
-    assert d.row.caps["moe"].state == matrix.PATCHED and "#8463" in d.row.caps["moe"].note
+    layout = "H" if va < "0.17" else "G"
+    assert d.verdict == APPLY and d.row.layout == layout and matrix.native_sinks(d.row)
+    assert not matrix.native_attention(d.row)
+    assert matrix.LAYOUT_PATCHES["H"] == ("attention.sink_window_forward_impl",)
+    assert matrix.LAYOUT_PATCHES["G"] == ("attention.sink_window_forward_impl", "moe.activation_name")
+    att = d.row.caps["attention"]
+    assert att.state == matrix.PATCHED and "swa_mask" in att.note and "129 keys" in att.note
+    assert d.row.caps["attention_graph"].state == matrix.REFUSED  # FULL_DECODE_ONLY stays refused (PR #9165)
+    moe = d.row.caps["moe"]
+    assert (moe.state, "#8463" in moe.note) == ((matrix.PATCHED, True) if layout == "G" else (matrix.NATIVE, False))
     # an untested row, or a tested one with another vLLM build, applies only after the structural check
     other_vllm = row.vllm if not row.tested else row.vllm + ".post1"
     assert decide(va, other_vllm, structural_check=incompatible).verdict == REFUSE
@@ -83,8 +92,8 @@ def test_every_row_has_every_capability_and_its_verdict_follows_from_them():
             assert cap.state == matrix.NATIVE or cap.note, (row.vllm_ascend, cap)
 
 
-def test_stand_down_lists_what_is_still_wrong_upstream_in_that_release():
-    early = decide("0.15.0rc1", "0.15.0").gaps
+def test_native_rows_list_what_is_still_wrong_upstream_in_that_release():
+    early = decide("0.15.0rc1", "0.15.0", structural_check=compatible).gaps
     late = decide("0.19.1rc1", "0.19.1").gaps
     assert any(g.startswith("attention_graph: refused") and "PIECEWISE" in g for g in early)
     assert any(g.startswith("quantized_moe: refused") for g in late)
@@ -100,10 +109,19 @@ def test_a_release_newer_than_the_table_is_refused_not_assumed_native():
 
 
 def test_a_native_release_with_another_vllm_is_refused_naming_the_pair():
-    d = decide("0.16.0rc1", "0.17.0", structural_check=compatible)  # 0.17's Enum would meet 0.16's string compare
-    assert d.verdict == REFUSE and "pairs with vllm 0.16.0, not 0.17.0" in d.reason
-    forced = decide("0.16.0rc1", "0.17.0", force=True)
+    d = decide("0.19.1rc1", "0.20.2", structural_check=compatible)
+    assert d.verdict == REFUSE and "pairs with vllm 0.19.1, not 0.20.2" in d.reason
+    forced = decide("0.19.1rc1", "0.20.2", force=True)
     assert forced.verdict == STAND_DOWN and forced.forced
+
+
+def test_layout_h_with_another_vllm_takes_the_structural_check():
+    """0.16.0rc1 (layout H) with vLLM 0.17.0 is an untested pairing: applied only when both sides pass the structural
+    check (at activation, :func:`gptoss_patch._activation._decide` also refuses it when that vLLM passes the MoE
+    activation as the Enum upstream's string compare misses: tests/cell/native_015 shows it on the real wheels)."""
+    d = decide("0.16.0rc1", "0.17.0", structural_check=compatible)
+    assert d.verdict == APPLY and "untested build" in d.reason and d.row.layout == "H"
+    assert decide("0.16.0rc1", "0.17.0", structural_check=incompatible).verdict == REFUSE
 
 
 @pytest.mark.parametrize("va,vv,row", [("0.11.0+empty", "0.11.0+empty", "0.11.0"), ("0.14.0rc1", "0.14.1+cpu", "0.14.0rc1"),
@@ -123,7 +141,8 @@ def test_a_tagless_source_build_is_refused_naming_the_way_out():
 def test_older_series_is_refused_naming_the_supported_releases():
     d = decide("0.10.2rc1", "0.10.2", structural_check=compatible)
     assert d.verdict == REFUSE
-    assert "vllm-ascend 0.11.0 with vllm 0.11.0" in d.reason and "native GPT-OSS (nothing to patch): 0.15.0rc1" in d.reason
+    assert "vllm-ascend 0.11.0 with vllm 0.11.0" in d.reason and "vllm-ascend 0.15.0rc1 with vllm 0.15.0" in d.reason
+    assert "native GPT-OSS (nothing to patch): 0.19.1rc1" in d.reason
 
 
 def test_rc0_is_refused_as_a_different_architecture_even_if_checks_pass():
@@ -156,7 +175,7 @@ def test_force_applies_the_nearest_row_and_says_so():
 
 
 def test_force_never_overrides_stand_down():
-    d = decide("0.15.0rc1", "0.15.0", force=True)
+    d = decide("0.19.1rc1", "0.19.1", force=True)
     assert d.verdict == STAND_DOWN and not d.forced
 
 

@@ -38,8 +38,9 @@ def test_matrix_json_has_typed_values():
     assert all(isinstance(r["tested"], bool) and isinstance(r["patched"], bool) and isinstance(r["covered"], bool)
                for r in out["rows"])
     assert rows["0.11.0"]["patched"] is True and rows["0.11.0"]["layout"] == "B"
-    assert rows["0.15.0rc1"]["patched"] is False and rows["0.15.0rc1"]["covered"] is True
-    assert rows["0.15.0rc1"]["layout"] is None  # not the table's "-"
+    assert rows["0.15.0rc1"]["patched"] is True and rows["0.15.0rc1"]["layout"] == "H"
+    assert rows["0.19.1rc1"]["patched"] is False and rows["0.19.1rc1"]["covered"] is True
+    assert rows["0.19.1rc1"]["layout"] is None  # not the table's "-"
     assert rows["0.11.0rc0"]["covered"] is False and rows["0.11.0rc0"]["verdict"] == "refuse"
     assert rows["0.11.0"]["capabilities"]["moe"]["state"] == "patched"
     assert out["newer_releases"]["verdict"] == "refuse" and out["newer_releases"]["tested"] is False

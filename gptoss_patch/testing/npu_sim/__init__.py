@@ -84,7 +84,7 @@ def _build_modules() -> dict[str, types.ModuleType]:
     add("torch_npu.npu.memory", memory)
     add("torch_npu.npu.utils", {"get_soc_version": device.get_soc_version})
     add("torch_npu._C", {"_npu_get_soc_version": device.get_soc_version,
-                         "_NPUTaskGroupHandle": graph.TaskGroupHandle})
+                         "_NPUTaskGroupHandle": graph.TaskGroupHandle, "_weak_ref_tensor": graph.weak_ref_tensor})
     add("torch_npu._C._distributed_c10d", {"ProcessGroupHCCL": distributed.ProcessGroupHCCL})
     add("torch_npu.profiler")
     add("torch_npu.profiler.dynamic_profile")
@@ -97,7 +97,7 @@ def _build_modules() -> dict[str, types.ModuleType]:
     add("torch_npu.utils")
     add("acl", {"rt": None})
     add("acl.rt")
-    add("torchair")
+    add("torchair", {"register_replacement": graph.register_replacement})
     for sub in ("scope", "ops", "ge", "inference", "core", "configs", "_ge_concrete_graph", "fx_summary"):
         add(f"torchair.{sub}")
     # vllm-ascend >= 0.15's worker patch patch_npugraph_ex_triton reloads these two modules and replaces members of
@@ -158,6 +158,7 @@ def install(force: bool = False, children: bool = True) -> types.ModuleType:
         device.mirror_privateuse1_kernels_to_cpu()
         device.register_accelerator_hooks()
         device.enter_device_mapping()
+        device.map_devices_in_fusion_pass_setup()
         device.give_gloo_an_hccl_name()
         device.add_is_hccl_available()
         from gptoss_patch.testing.npu_sim import distributed

@@ -415,6 +415,46 @@ def register_accelerator_hooks() -> None:
     register_accelerator_hooks._done = True  # type: ignore[attr-defined]
 
 
+#: Where vllm-ascend builds its graph-fusion patterns (0.15.0rc1 on): ``GraphFusionPassManager.configure`` constructs
+#: every pass, and each pass traces its pattern with example inputs allocated ``device="npu"``
+#: (``vllm_ascend/compilation/passes/*.py``, e.g. 0.17.0rc1 ``muls_add_pass.py`` ``torch.randn(2, 2048, device="npu")``).
+FUSION_PASS_SETUP = ("vllm_ascend.compilation.graph_fusion_pass_manager", "GraphFusionPassManager", "configure")
+
+
+def map_devices_in_fusion_pass_setup() -> None:
+    """Run vllm-ascend's graph-fusion pass set-up (:data:`FUSION_PASS_SETUP`) under the NPU -> CPU device mapping.
+
+    vLLM calls the pass manager from its compile backend (``vllm/compilation/backends.py`` ``configure_post_pass``),
+    which TorchDynamo invokes after tracing, with the torch function mode stack it saved for the traced frame set
+    aside: the simulator's mapping (:func:`enter_device_mapping`, a :class:`NPUOnCPU` mode) is not active there, so
+    ``device="npu"`` reached PyTorch's PrivateUse1 backend ("Could not run 'aten::empty.memory_format' with arguments
+    from the 'npu' backend"; vllm-ascend 0.17.0rc1 with PIECEWISE graphs). On the device these example inputs are NPU
+    tensors that only feed pattern tracing; on the simulated device they are host tensors, as everywhere else. Only
+    the set-up is wrapped: the compile itself runs as before. Installed as a post-import hook (idempotent).
+    """
+    import sys
+
+    import wrapt
+
+    module_name, cls_name, method = FUSION_PASS_SETUP
+
+    def mapped(wrapped, instance, args, kwargs):
+        with NPUOnCPU():
+            return wrapped(*args, **kwargs)
+
+    def hook(module) -> None:
+        cls = getattr(module, cls_name, None)
+        if cls is None or getattr(cls.__dict__.get(method), "_self_gptoss_sim_mapped", False):
+            return
+        wrapt.wrap_function_wrapper(cls, method, mapped)
+        getattr(cls, method)._self_gptoss_sim_mapped = True  # noqa: SLF001 - wrapt keeps _self_* on the wrapper
+
+    if module_name in sys.modules:
+        hook(sys.modules[module_name])
+    else:
+        wrapt.register_post_import_hook(hook, module_name)
+
+
 def add_is_hccl_available() -> None:
     """``torch.distributed.is_hccl_available``: added to ``torch.distributed``, True once the simulator's ``hccl``
     backend is registered (:func:`gptoss_patch.testing.npu_sim.distributed.register_hccl_backend`).

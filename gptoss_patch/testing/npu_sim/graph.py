@@ -1232,6 +1232,48 @@ def _reset_state() -> None:
 
 device._runtime = _runtime
 
+
+def weak_ref_tensor(tensor: Any) -> Any:
+    """``torch_npu._C._weak_ref_tensor``: a tensor over the same memory as ``tensor`` (same shape, strides, offset).
+
+    vllm-ascend 0.16.0rc1+ calls it where 0.15.0rc1 called its own ``torch.ops._C_ascend.weak_ref_tensor``
+    (``vllm_ascend/utils.py`` ``weak_ref_tensor``: "The new tensor will share the same data as the original tensor,
+    but will not keep the original tensor alive"), e.g. for the outputs ``ACLGraphWrapper`` keeps of a captured piece
+    (``compilation/acl_graph.py``). On the device it is a non-owning view; on the CPU a non-owning tensor could
+    outlive its memory, so the simulator returns an owning alias (``tensor.detach()``): the same values and
+    addresses, only a longer lifetime - as :func:`gptoss_patch.testing.npu_sim.ops.moe.c_ascend_weak_ref_tensor`.
+
+    Raises:
+        TypeError: ``tensor`` is not a ``torch.Tensor`` (vllm-ascend passes non-tensors through before calling).
+    """
+    import torch
+
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"torch_npu._C._weak_ref_tensor expects a torch.Tensor, got {type(tensor).__name__}")
+    return tensor.detach()
+
+
+#: What ``torchair.register_replacement`` was given in this process, in order (:func:`register_replacement`).
+TORCHAIR_REPLACEMENTS: list[dict[str, Any]] = []
+
+
+def register_replacement(search_fn: Any, replace_fn: Any, example_inputs: Any, trace_fn: Any = None,
+                         extra_check: Any = None, search_fn_pattern: Any = None) -> None:
+    """``torchair.register_replacement``: register a pattern replacement for torchair's ``npugraph_ex`` compiler.
+
+    torchair's API mirrors ``torch._inductor.pattern_matcher.register_replacement``: it stores ``search_fn`` ->
+    ``replace_fn`` (traced with ``example_inputs``; applied where ``extra_check`` accepts the match) for the FX passes
+    of the ``npugraph_ex`` compile backend, and returns nothing; nothing is rewritten at registration. vllm-ascend
+    0.16.0rc1+ registers each graph-fusion pattern twice, with vLLM's inductor pattern matcher and with this
+    (``vllm_ascend/compilation/passes/base_pattern.py`` ``BasePattern.register``). The simulator never runs the
+    ``npugraph_ex`` compiler (the serve job turns it off: ``serve_job.npugraph_ex_off``), so here the registration
+    is recorded in :data:`TORCHAIR_REPLACEMENTS` and has no consumer - as on a device whose deployment turned
+    ``npugraph_ex`` off. The arguments are kept as given (no tracing).
+    """
+    TORCHAIR_REPLACEMENTS.append({"search_fn": search_fn, "replace_fn": replace_fn, "example_inputs": example_inputs,
+                                  "trace_fn": trace_fn, "extra_check": extra_check,
+                                  "search_fn_pattern": search_fn_pattern})
+
 NAMESPACE: dict[str, Any] = {
     "ExternalEvent": ExternalEvent,
     "NPUGraph": NPUGraph,

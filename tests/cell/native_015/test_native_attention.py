@@ -94,9 +94,11 @@ def _positions(seqs):
 
 
 def test_calibration_runs_upstream_attention_untouched(cfg):
-    """The calibration is only meaningful if nothing of ours touches vllm-ascend's attention: the decision in this
-    process is the cell row's verdict (stand-down, or apply with layout G, whose only patch wraps
-    ``moe_mlp.unquant_apply_mlp``) and ``AscendAttentionBackendImpl`` is upstream's own class."""
+    """The calibration is only meaningful if nothing of ours touches the vllm-ascend attention it runs: the decision
+    in this process is the cell row's verdict with exactly its layout's patches; on 0.19.1rc1 (stand-down)
+    ``AscendAttentionBackendImpl`` is upstream's own class, and on layouts H and G (0.15.0rc1 - 0.18.0) only
+    ``forward_impl`` is wrapped (``attention.sink_window_forward_impl``) - ``run_native_forward(..., upstream=True)``
+    binds upstream's original on the calibrated impl, checked here to reach upstream's fused call."""
     import wrapt
 
     import gptoss_patch
@@ -111,10 +113,42 @@ def test_calibration_runs_upstream_attention_untouched(cfg):
     status = gptoss_patch.status()
     assert status.decision == ROW.verdict and status.row == ROW.vllm_ascend
     want = list(matrix.LAYOUT_PATCHES[ROW.layout]) if ROW.verdict == matrix.APPLY else []
-    assert [p.name for p in status.patches] == want
-    assert all(not p.target.startswith("vllm_ascend.attention") for p in status.patches)
+    assert [p.name for p in status.patches] == want and all(p.state == "applied" for p in status.patches)
+    ours = [p.target for p in status.patches if p.target.startswith("vllm_ascend.attention")]
+    patched = not matrix.native_attention(ROW)
+    assert ours == (["vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.forward_impl"] if patched else [])
     for name in ("__init__", "forward", "forward_impl", "forward_fused_infer_attention"):
-        assert not is_wrapped(aa.AscendAttentionBackendImpl.__dict__[name]), name
+        assert is_wrapped(aa.AscendAttentionBackendImpl.__dict__[name]) == (patched and name == "forward_impl"), name
+
+
+if not matrix.native_attention(ROW):  # layouts H and G
+    @pytest.mark.parametrize("window", [WINDOW, None], ids=["sliding", "full"])
+    @pytest.mark.parametrize("state", list(STATES))
+    def test_patched_forward_matches_transformers_window_128(cfg, fia_calls, state, window):
+        """Layouts H and G (0.15.0rc1 - 0.18.0): the release's ``forward`` with ``attention.sink_window_forward_impl``
+        equals transformers with GPT-OSS's own 128-key window (and the full-attention layers too), float32, <= 1e-5, in
+        every state - where upstream alone is refused by the simulator (finding 1, ``swa_mask``) and, with PR #8387's
+        template, attends 129 keys (finding 2, above).
+
+        The operator call is one TND launch over the paged cache with the template mask and ``pre_tokens = 127`` on the
+        sliding layers (gptoss_patch.kernels.attention ``band``), ``learnable_sink`` = the impl's sinks; upstream's own
+        swa_mask is never read. Defined only where the row patches the attention (on 0.19.1rc1 nothing is patched, and
+        ``test_calibration_runs_upstream_attention_untouched`` asserts nothing wraps it).
+        """
+        seqs = STATES[state]
+        case = n015.build_case(cfg, seqs, num_heads=N, num_kv_heads=KVN, seed=21, sliding_window=window)
+        sinks = _sinks()
+        impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=window, sinks=sinks)
+        out = n015.run_native_forward(cfg, impl, case)
+        assert fia_calls == [] or all(c.get("atten_mask") is not getattr(case.metadata, "swa_mask", object())
+                                      for c in fia_calls)
+        ref = reference_output(case, sinks=sinks, sliding_window=window, scale=impl.scale)
+        err = (out - ref).abs().max().item()
+        assert err <= 1e-5, f"max abs error {err} against transformers (window {window})"
+        if window:
+            ref129 = reference_output(case, sinks=sinks, sliding_window=WINDOW + 1, scale=impl.scale)
+            pos = _positions(seqs)
+            assert (out - ref129).abs().amax(dim=(1, 2))[pos >= WINDOW].min().item() > 1e-3  # not upstream's band
 
 
 @pytest.mark.parametrize("state", list(STATES))
@@ -135,7 +169,7 @@ def test_full_attention_layer_matches_transformers_float32(cfg, fia_calls, state
         md.attn_mask, torch.triu(torch.ones(2048, 2048), diagonal=1).to(torch.int8))
     sinks = _sinks()
     impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=None, sinks=sinks)
-    out = n015.run_native_forward(cfg, impl, case)
+    out = n015.run_native_forward(cfg, impl, case, upstream=True)
     assert len(fia_calls) == 1
     call = fia_calls[0]
     assert (call["sparse_mode"], call["pre_tokens"], call["next_tokens"], call["input_layout"]) == \
@@ -156,7 +190,7 @@ def test_full_attention_layer_bfloat16_within_one_rounding(cfg):
     case = n015.build_case(cfg, STATES["ChunkedPrefill"], num_heads=N, num_kv_heads=KVN, dtype=torch.bfloat16, seed=3)
     sinks = _sinks(torch.bfloat16)
     impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=None, sinks=sinks)
-    out = n015.run_native_forward(cfg, impl, case)
+    out = n015.run_native_forward(cfg, impl, case, upstream=True)
     assert out.dtype == torch.bfloat16
     ref = reference_output(case, sinks=sinks, sliding_window=None, scale=impl.scale)
     bound = 2 ** -8 * max(v.abs().max().item() for v in case.full_v)
@@ -197,7 +231,7 @@ def test_sliding_layer_mask_swa_mask_refused_by_the_simulator_where_the_real_op_
     md = case.metadata
     impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=_sinks())
     if not _has_swa_mask():
-        out = n015.run_native_forward(cfg, impl, case)
+        out = n015.run_native_forward(cfg, impl, case, upstream=True)
         call = fia_calls[0]
         assert (call["sparse_mode"], call["pre_tokens"], call["next_tokens"]) == (4, WINDOW, 0)
         assert call["atten_mask"] is md.attn_mask and md.attn_mask.dtype == torch.int8
@@ -207,7 +241,7 @@ def test_sliding_layer_mask_swa_mask_refused_by_the_simulator_where_the_real_op_
     assert md.swa_mask.dtype == torch.bool and tuple(md.swa_mask.shape) == (2048, 2048)  # documented shape/dtype
     assert torch.equal(md.swa_mask, torch.triu(ones, 1) | torch.tril(ones, -WINDOW))
     with pytest.raises(RuntimeError, match=r"sparse_mode=4 must be the lower-triangular template"):
-        n015.run_native_forward(cfg, impl, case)
+        n015.run_native_forward(cfg, impl, case, upstream=True)
     call = fia_calls[0]
     assert (call["sparse_mode"], call["pre_tokens"], call["next_tokens"]) == (4, WINDOW, 0)
     assert call["atten_mask"] is md.swa_mask
@@ -235,7 +269,7 @@ def test_sliding_layer_band_admits_129_keys_with_the_documented_template(cfg, fi
     md = _template_metadata(case.metadata)  # PR #8387's atten_mask
     sinks = _sinks()
     impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=sinks)
-    out = n015.run_native_forward(cfg, impl, case, metadata=md)
+    out = n015.run_native_forward(cfg, impl, case, metadata=md, upstream=True)
     call = fia_calls[0]
     assert (call["sparse_mode"], call["pre_tokens"], call["next_tokens"], call["input_layout"]) == \
         (4, WINDOW, 0, "TND")
@@ -298,7 +332,7 @@ def test_sliding_layer_band_reads_vllms_null_block_as_the_129th_key(cfg):
     md = _template_metadata(dataclasses.replace(case.metadata, block_tables=table))
     sinks = _sinks()
     impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=sinks)
-    out = n015.run_native_forward(cfg, impl, case, metadata=md)
+    out = n015.run_native_forward(cfg, impl, case, metadata=md, upstream=True)
 
     zeroed = dataclasses.replace(case, full_k=[k.clone() for k in case.full_k], full_v=[v.clone() for v in case.full_v])
     hits = []

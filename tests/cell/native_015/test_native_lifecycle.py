@@ -1,5 +1,6 @@
-"""The lifecycle of the native rows' patches on the real targets: the guard everywhere, plus layout G's
-``moe.activation_name`` (``gptoss_patch.testing.lifecycle``; the patched cells run tests/cell/test_lifecycle.py)."""
+"""The lifecycle of the native rows' patches on the real targets: the guard everywhere, plus layout H's
+``attention.sink_window_forward_impl`` and layout G's with ``moe.activation_name`` (``gptoss_patch.testing.lifecycle``;
+the 0.11-0.14 cells run tests/cell/test_lifecycle.py)."""
 
 import pytest
 
@@ -11,9 +12,9 @@ from gptoss_patch.testing import lifecycle
 @pytest.mark.parametrize("order", lifecycle.ORDERS)
 def test_native_patch_lifecycle(order):
     result = lifecycle.observe(order)
-    if ROW.verdict == matrix.APPLY:  # layout G
-        assert result["decision"] == "apply" and result["layout"] == "G"
-        assert result["patches"] == [*matrix.LAYOUT_PATCHES["G"], "guard.gpt_oss_model"]
+    if ROW.verdict == matrix.APPLY:  # layouts H and G
+        assert result["decision"] == "apply" and result["layout"] == ROW.layout in ("H", "G")
+        assert result["patches"] == [*matrix.LAYOUT_PATCHES[ROW.layout], "guard.gpt_oss_model"]
     else:
         assert result["decision"] == "stand-down" and result["layout"] is None
         assert result["patches"] == ["guard.gpt_oss_model"]

@@ -15,8 +15,9 @@ The activation per release (read from the wheels): vLLM 0.15/0.16 hand ``FusedMo
 ``"swigluoai"``; vLLM >= 0.17 as the Enum ``MoEActivation.SWIGLUOAI`` (not a ``str`` subclass). vllm-ascend up to
 0.18.0 compares ``activation == "swigluoai"`` in ``moe_mlp.unquant_apply_mlp`` - False for the Enum, so the experts
 run ``npu_swiglu`` (plain SwiGLU: no clamp, no ``alpha``, no ``+1``, halves instead of interleaved) - and
-0.19.1rc1 compares ``getattr(activation, "value", activation)`` (PR #8465). Hence the matrix: 0.15.0rc1, 0.16.0rc1,
-0.19.1rc1 stand down; 0.17.0rc1 and 0.18.0 apply layout G (``moe.activation_name``). The last test runs the MoE in
+0.19.1rc1 compares ``getattr(activation, "value", activation)`` (PR #8465). Hence the matrix's MoE verdicts: native on 0.15.0rc1, 0.16.0rc1
+(layout H patches only their attention) and 0.19.1rc1; patched on 0.17.0rc1 and 0.18.0 (layout G's
+``moe.activation_name``). The last test runs the MoE in
 a child interpreter with ``GPTOSS_PATCH_DISABLE=1`` to show what upstream alone computes in each cell.
 
 Geometry (preset "tiny": gpt-oss-120b's per-rank expert shapes at TP=8): hidden 64, 8 experts, top-4,
@@ -33,7 +34,7 @@ from conftest import ROW, run_python
 from gptoss_patch import matrix
 from gptoss_patch.testing import native_015 as n015
 
-#: The cell row's MoE verdict: ``patched`` on layout G (0.17.0rc1, 0.18.0), ``native`` on the stand-down rows.
+#: The cell row's MoE verdict: ``patched`` on layout G (0.17.0rc1, 0.18.0), ``native`` on the others.
 MOE_PATCHED = ROW.caps["moe"].state == matrix.PATCHED
 
 
@@ -89,7 +90,7 @@ def _name(activation):
 def test_activation_type_and_patch_state_match_the_row(models):
     """What vLLM hands the experts and what gptoss-patch did about it, against the matrix row: an Enum with the
     ``moe.activation_name`` patch applied on ``unquant_apply_mlp`` (layout G), a string or an Enum that upstream
-    handles with nothing patched (0.15.0rc1, 0.16.0rc1 / 0.19.1rc1)."""
+    handles with no MoE patch (0.15.0rc1, 0.16.0rc1 / 0.19.1rc1; layout H patches only the attention)."""
     import enum
 
     import wrapt
@@ -109,12 +110,13 @@ def test_activation_type_and_patch_state_match_the_row(models):
     assert (activation == "swigluoai") != is_enum
     status = gptoss_patch.status()
     wrapped = isinstance(moe_mlp.unquant_apply_mlp, wrapt.FunctionWrapper)
+    moe = [p for p in status.patches if p.name.startswith("moe.")]
     if MOE_PATCHED:
-        assert [(p.name, p.state) for p in status.patches] == [("moe.activation_name", "applied")]
-        assert status.patches[0].target == "vllm_ascend.ops.fused_moe.moe_mlp:unquant_apply_mlp" and wrapped
+        assert [(p.name, p.state) for p in moe] == [("moe.activation_name", "applied")]
+        assert moe[0].target == "vllm_ascend.ops.fused_moe.moe_mlp:unquant_apply_mlp" and wrapped
         assert any(g.startswith("moe: patched") for g in status.gaps)
     else:
-        assert status.patches == [] and not wrapped
+        assert moe == [] and not wrapped
         assert not any(g.startswith("moe:") for g in status.gaps)
 
 

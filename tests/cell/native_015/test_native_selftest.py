@@ -1,19 +1,20 @@
-"""``verify --selftest`` in a native calibration cell (0.15.0rc1, 0.16.0rc1, 0.17.0rc1, 0.18.0, 0.19.1rc1): the cases run
-upstream's own GPT-OSS attention (nothing of ours wraps it; test_native_attention.py asserts that) and the MoE of the
-tiny model vLLM loads (with layout G's patch where the row applies it) in bf16 against transformers in float32, the sliding layers against the window-129 reference of the documented band
-(docs/operators.md); an injected operator deviation (``GPTOSS_PATCH_SIM_FAULT``) makes it exit 1 naming the cases.
-
-Where the release still passes the builder's ``swa_mask`` to the band (up to 0.18.0, named in the matrix row's
-attention note), the simulator refuses that mask (docs/simulator.md, finding 1): the sliding cases are reported as
-skipped there, with that reason, and only run on a real NPU."""
+"""``verify --selftest`` in a native calibration cell (0.15.0rc1, 0.16.0rc1, 0.17.0rc1, 0.18.0, 0.19.1rc1): the cases
+build their metadata with the release's own builder and run the release's attention ``forward`` - upstream's own GPT-OSS
+attention on 0.19.1rc1, our ``attention.sink_window_forward_impl`` on layouts H and G (0.15.0rc1 - 0.18.0; what
+``forward`` calls there, test_native_attention.py asserts which) - and the MoE of the tiny model vLLM loads (with layout
+G's patch where the row applies it) in bf16 against transformers in float32. The sliding layers are checked against the
+window the row computes: 128 where we patch them, the window-129 reference of the documented band (docs/operators.md)
+where upstream's code runs. An injected operator deviation (``GPTOSS_PATCH_SIM_FAULT``) makes it exit 1 naming the
+cases."""
 
 import pytest
 
 from conftest import ROW, run_selftest
 
-from gptoss_patch import selftest
+from gptoss_patch import matrix, selftest
 
-SWA_MASK = "swa_mask" in ROW.caps["attention"].note
+#: Layouts H and G: our attention runs the sliding layers (window 128); 0.19.1rc1: upstream's band (129 keys).
+PATCHED = not matrix.native_attention(ROW)
 ATTENTION = {f"attention/native/{label}/{kind}" for label, _ in selftest.NATIVE_ATTENTION
              for kind in ("sliding", "full")}
 SLIDING = {c for c in ATTENTION if c.endswith("/sliding")}
@@ -33,14 +34,11 @@ def test_selftest_passes_on_upstream_attention(clean_run):
     assert {c["case"] for c in st["cases"]} == CASES
     for c in st["cases"]:
         assert c["ok"] and c["error"] is None, c
-        if SWA_MASK and c["case"] in SLIDING:
-            assert c["skipped"] and "finding 1" in c["note"], c
-            continue
         assert not c["skipped"] and 0 <= c["max_error"] <= c["tolerance"], c
         if c["case"] in ATTENTION:
             assert c["tolerance"] == selftest.ATTENTION_TOL, c
         if c["case"] in SLIDING:
-            assert "reference window 129" in c["note"], c
+            assert ("reference window 129" in c["note"]) == (not PATCHED), c
     moe = next(c for c in st["cases"] if c["case"] == MOE)
     assert 2 ** -8 < moe["tolerance"] < 2 ** -4 and "transformers-bf16" in moe["note"], moe
     assert any("YaRN of a native row" in n for n in st["not_covered"])
@@ -49,15 +47,13 @@ def test_selftest_passes_on_upstream_attention(clean_run):
 def test_injected_dropped_sink_fails_every_case_that_runs(clean_run):
     proc, report = run_selftest("drop_sink")
     assert proc.returncode == 1
-    ran = {c["case"] for c in clean_run[1]["selftest"]["cases"] if not c["skipped"] and c["case"] in ATTENTION}
-    assert set(report["selftest"]["failed"]) == ran  # the MoE case does not use the attention operator
+    assert set(report["selftest"]["failed"]) == ATTENTION  # the MoE case does not use the attention operator
     assert "attention/native/decode_127_128_129_130/full" in report["problems"][-1]
 
 
-@pytest.mark.skipif(SWA_MASK, reason="the sliding cases cannot run on the simulator with this release's swa_mask")
 def test_injected_wider_band_fails_the_sliding_cases():
-    """The band one key wider again (130 keys where this release's documented band has 129): the sliding cases fail
-    (each holds a query at position >= 129), the full ones pass."""
+    """The band one key wider (129 keys where our patched call keeps 128; 130 where upstream's documented band has
+    129): the sliding cases fail (each holds a query at position >= 129), the full ones pass."""
     proc, report = run_selftest("band129")
     assert proc.returncode == 1
     assert set(report["selftest"]["failed"]) == SLIDING

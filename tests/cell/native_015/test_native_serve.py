@@ -1,11 +1,18 @@
 """``vllm serve`` on a natively supporting release, through vLLM's real engine and vllm-ascend's real NPUWorker on the
-simulated NPU: FULL_DECODE_ONLY, which these rows refuse (the graph path drops the sinks up to 0.19.1rc1, vllm-ascend
-PR #9165), stops at start-up - in the engine-core process, while the model is built - with the guard's message naming
-the capability and the setting that avoids it, and the server never answers.
+simulated NPU.
 
-Token-level calibration of the native releases through the real engine is open (docs/simulator.md, "What vLLM's real
-engine needs"): 0.15.0rc1 - 0.18.0 stop at the first sliding-window prefill on ``swa_mask`` (docs/upstream.md §4.4),
-0.19.1rc1's runner computes its slot mapping with a Triton kernel the simulator does not run.
+* FULL_DECODE_ONLY, which these rows refuse (the graph path drops the sinks up to 0.19.1rc1, vllm-ascend PR #9165),
+  stops at start-up - in the engine-core process, while the model is built - with the guard's message naming the
+  capability and the setting that avoids it, and the server never answers.
+* Layouts H and G (0.15.0rc1 - 0.18.0): the main job (PIECEWISE) answers with transformers' tokens with the patches;
+  without them (``GPTOSS_PATCH_DISABLE=1`` + ``GPTOSS_PATCH_ALLOW_UNPATCHED=1``) the first sliding-window prefill hands
+  the simulated operator upstream's ``swa_mask`` with sparse_mode 4, which it refuses (the device accepts it and
+  computes something undocumented: docs/upstream.md §4.4), so no request is answered. With upstream's later fix of the
+  mask (PR #8387) substituted by hand, 0.15.0rc1 answers exactly the tokens of transformers with a 129-key window -
+  the band deviation (docs/upstream.md §4.3) - and not GPT-OSS's.
+
+0.19.1rc1's runner computes its slot mapping with a Triton kernel the simulator does not run: its tokens through the
+real engine are open (docs/simulator.md, "What vLLM's real engine needs").
 """
 
 import os
@@ -28,3 +35,31 @@ def test_native_full_decode_only_is_refused_at_startup():
     assert "attention_graph" in log and "PIECEWISE" in log, report.log_tail
     engine = [p for p in report.processes if p["name"].startswith("EngineCore")]
     assert engine and all(p["decision"] == ROW.verdict for p in engine), report.processes
+
+
+if not matrix.native_attention(ROW):  # layouts H and G: our attention runs the sink and sliding layers
+    def test_main_job_tokens_equal_transformers_with_the_patch_and_not_without():
+        """The main job (PIECEWISE, TP 1) through this release's real engine: every exchange's greedy tokens and
+        log-probabilities equal transformers' with the patches, and the first GPT-OSS forwards in the engine core took
+        our attention path (and, on layout G, our MoE activation path); without them the server answers no request.
+        """
+        report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=8, startup_timeout=600)
+        serve_job.print_report(report)
+        assert report.started, report.log_tail
+        assert all(p["decision"] == "apply" for p in report.processes), report.processes
+        engine = {(u["capability"], u["path"]) for u in report.first_use if "EngineCore" in u["process"]}
+        assert ("attention", "patched") in engine, report.first_use
+        assert (("moe", "patched") in engine) == (ROW.layout == "G"), report.first_use
+        assert any("PIECEWISE" in k for k in report.graph_captures), report.graph_captures
+        assert len(report.exchanges) == 6 and all(len(e.generated) == 8 for e in report.exchanges)
+        for e in report.exchanges:
+            assert e.generated == e.reference and e.max_logprob_diff <= serve_job.LOGPROB_TOLERANCE, \
+                (e.label, e.generated, e.reference, e.max_logprob_diff)
+        assert report.verify_ok and report.ok
+
+        bare = serve_job.run(WORKDIR, mode="eager", max_tokens=8, startup_timeout=600,
+                             extra_env={"GPTOSS_PATCH_DISABLE": "1", "GPTOSS_PATCH_ALLOW_UNPATCHED": "1"})
+        print("--- the same job without gptoss-patch:")
+        serve_job.print_report(bare)
+        assert bare.started and not bare.exchanges and bare.request_error, bare.request_error
+        assert "sparse_mode=4 must be the lower-triangular template" in bare.log_text, bare.log_tail

@@ -1,5 +1,6 @@
-"""Activation in a natively supporting cell: gptoss-patch stands down (0.15.0rc1, 0.16.0rc1, 0.19.1rc1) or applies
-only layout G's MoE activation patch (0.17.0rc1, 0.18.0), and tells the user what is still wrong upstream.
+"""Activation in a natively supporting cell: gptoss-patch stands down (0.19.1rc1), applies layout H's sliding-window
+attention patch (0.15.0rc1, 0.16.0rc1) or layout G's attention and MoE activation patches (0.17.0rc1, 0.18.0), and
+tells the user what is still wrong upstream.
 
 Activation comes only through the installed ``.pth`` start-up hook of the cell's venv, in a fresh interpreter
 (``conftest.run_python``), the way a deployment sees it; ``python -m gptoss_patch.verify`` must report the row's
@@ -39,8 +40,10 @@ print("RESULT " + json.dumps({"status": gptoss_patch.status().as_dict(), "wrappe
                               "probe_seen": is_wrapped(probe), "module": aa.__file__}))
 """
 
-#: What each verdict of a native row wraps among the child's targets: nothing (stand-down), or layout G's one patch.
-WRAPPED = {matrix.STAND_DOWN: [], matrix.APPLY: ["moe_mlp.unquant_apply_mlp"]}
+#: What each layout of a native row wraps among the child's targets: nothing (stand-down), the sink/window layers'
+#: ``forward_impl`` (H), and the MoE activation too (G).
+WRAPPED = {None: [], "H": ["AscendAttentionBackendImpl.forward_impl"],
+           "G": ["AscendAttentionBackendImpl.forward_impl", "moe_mlp.unquant_apply_mlp"]}
 
 
 def _result(proc: subprocess.CompletedProcess) -> dict:
@@ -53,7 +56,7 @@ def _result(proc: subprocess.CompletedProcess) -> dict:
 def test_fresh_interpreter_takes_the_rows_verdict_and_wraps_only_its_patches(cell):
     res = _result(run_python(CHILD))
     st = res["status"]
-    assert cell == ROW.vllm_ascend and matrix.native_attention(ROW)
+    assert cell == ROW.vllm_ascend and matrix.native_sinks(ROW)
     assert "/vllm_ascend/attention/attention_v1.py" in res["module"]
     assert st["versions"]["vllm_ascend"] == ROW.vllm_ascend and st["versions"]["vllm"] == ROW.vllm
     assert st["activated"] and st["sources"] == ["import-hook"]
@@ -61,17 +64,21 @@ def test_fresh_interpreter_takes_the_rows_verdict_and_wraps_only_its_patches(cel
     if ROW.verdict == matrix.STAND_DOWN:
         assert "supports GPT-OSS natively" in st["reason"] and st["patches"] == []
     else:
-        assert ROW.layout == "G" and "is a tested release" in st["reason"]
-        assert [(p["name"], p["state"], p["target"]) for p in st["patches"]] == \
-            [("moe.activation_name", "applied", "vllm_ascend.ops.fused_moe.moe_mlp:unquant_apply_mlp")]
+        assert ROW.layout in ("H", "G") and "is a tested release" in st["reason"]
+        want = [("attention.sink_window_forward_impl", "applied",
+                 "vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.forward_impl")]
+        if ROW.layout == "G":
+            want.append(("moe.activation_name", "applied", "vllm_ascend.ops.fused_moe.moe_mlp:unquant_apply_mlp"))
+        assert [(p["name"], p["state"], p["target"]) for p in st["patches"]] == want
     decided = matrix.decide(ROW.vllm_ascend, ROW.vllm)
     assert st["gaps"] == list(decided.gaps) == list(matrix.cap_lines(ROW))
     # every native row still has open GPT-OSS gaps upstream: quantized MoE, 310P, FULL_DECODE_ONLY graphs (up to
     # 0.20.1) and the sliding-window band (docs/upstream.md)
     for cap in ("attention", "attention_graph", "quantized_moe", "atlas_310p"):
         assert any(g.startswith(f"{cap}: ") for g in st["gaps"]), cap
-    assert any(g.startswith("moe: patched") for g in st["gaps"]) == (ROW.verdict == matrix.APPLY)
-    assert res["probe_seen"] is True and res["wrapped"] == WRAPPED[ROW.verdict]
+    assert any(g.startswith("moe: patched") for g in st["gaps"]) == (ROW.layout == "G")
+    assert any(g.startswith("attention: patched") for g in st["gaps"]) == (ROW.verdict == matrix.APPLY)
+    assert res["probe_seen"] is True and res["wrapped"] == WRAPPED[ROW.layout]
 
 
 def test_verify_reports_the_verdict_and_every_gap_and_exits_0():
