@@ -460,29 +460,29 @@ def test_fused_kernel_methods_refuse_gptoss(configs, mods, layout):
             run_layer(cfg, layer, w, x, moe_comm_type=comm_type(name))
 
 
-#: Known simulator gaps on vllm-ascend's All2All path, 0.11.0 ... 0.14.0rc1 alike (message fragment -> explanation).
-ALL2ALL_SIM_GAPS = {
-    "histogram_cpu": "the All2All dispatcher calls torch.histc on int32 expert ids; CPU torch has no integer histc "
-                     "(aclnnHistc supports INT32 on A2/A3)",
-    "from the 'npu' backend": "async_all_to_all allocates with device=torch.npu.current_device() inside vLLM's "
-                              "moe_forward custom op, where the simulator's device-mapping mode is not active",
-}
+def test_all_to_all_method(configs, monkeypatch):
+    """All2All (A3's choice with expert parallel) through vllm-ascend's own dispatcher equals transformers.
 
+    The dispatcher counts tokens per expert with ``torch.histc`` on int32 expert ids (the device's aclnnHistc takes
+    INT32; the simulator emulates it, ``npu_sim.ops.misc.integer_histc``, spied here) and exchanges them with
+    ``async_all_to_all``, which allocates with ``device=torch.npu.current_device()`` inside vLLM's ``moe_forward``
+    custom op (the simulator maps custom-op kernels' devices too: docs/simulator.md)."""
+    from gptoss_patch.testing.npu_sim.ops import misc
 
-def test_all_to_all_method(configs):
-    """All2All (A3's choice with expert parallel): runs to the end once the simulator closes the gaps listed in
-    ALL2ALL_SIM_GAPS; until then this test is an expected failure that names the gap (never a pass)."""
+    seen = []
+    real = misc.integer_histc
+
+    def spy(input, *args, **kwargs):
+        seen.append(input.dtype)
+        return real(input, *args, **kwargs)
+
+    monkeypatch.setattr(misc, "integer_histc", spy)
     cfg = configs("fp32_ep")
     w = make_weights(4, H_SMALL, I_SMALL, seed=45)
     x = make_tokens(w, 16, seed=46)
     layer = build_layer(cfg, w, torch.float32)
-    try:
-        out = run_layer(cfg, layer, w, x, moe_comm_type=comm_type("ALLTOALL"))
-    except NotImplementedError as exc:
-        for fragment, why in ALL2ALL_SIM_GAPS.items():
-            if fragment in str(exc):
-                pytest.xfail(f"simulator gap: {why}")
-        raise
+    out = run_layer(cfg, layer, w, x, moe_comm_type=comm_type("ALLTOALL"))
+    assert seen and all(d == torch.int32 for d in seen), seen
     assert rel_err(out, reference(w, x)) <= FP32_TOL
 
 

@@ -151,3 +151,143 @@ def test_custom_op_aliasing_check_warns_under_ci_as_on_a_shell():
                          env=env, capture_output=True, text=True, timeout=300)
     assert plain.stdout.strip() == "raised", plain.stdout + plain.stderr[-2000:]
     assert sim.stdout.strip() == "warned", sim.stdout + sim.stderr[-2000:]
+
+
+def test_weak_ref_tensor_aliases_the_memory_and_rejects_non_tensors():
+    """``torch_npu._C._weak_ref_tensor`` (vllm-ascend 0.16.0rc1+ ``utils.weak_ref_tensor``): same memory, shape and
+    strides - a write through either shows in the other - and a clear error for a non-tensor."""
+    import torch_npu
+
+    t = torch.arange(12.0).view(3, 4)[:, 1:]
+    w = torch_npu._C._weak_ref_tensor(t)
+    assert w.data_ptr() == t.data_ptr() and w.shape == t.shape and w.stride() == t.stride()
+    t[0, 0] = -1.0
+    assert w[0, 0].item() == -1.0
+    with pytest.raises(TypeError, match="expects a torch.Tensor, got list"):
+        torch_npu._C._weak_ref_tensor([t])
+
+
+def test_torchair_register_replacement_records_without_rewriting():
+    """``torchair.register_replacement`` stores the pattern for the npugraph_ex compiler and returns None; the
+    simulator never runs that compiler, so the record is all there is (and nothing is traced or rewritten)."""
+    import torchair
+
+    from gptoss_patch.testing.npu_sim import graph
+
+    before = len(graph.TORCHAIR_REPLACEMENTS)
+    calls = []
+
+    def search(x):
+        calls.append("search")
+        return x * 2
+
+    def replace(x):
+        calls.append("replace")
+        return x + x
+
+    assert torchair.register_replacement(search_fn=search, replace_fn=replace, example_inputs=[torch.ones(2)]) is None
+    entry = graph.TORCHAIR_REPLACEMENTS[before]
+    assert entry["search_fn"] is search and entry["replace_fn"] is replace and calls == []
+
+
+def test_fusion_pass_setup_allocates_on_the_simulated_npu_where_dynamo_set_the_mapping_aside(tmp_path):
+    """vllm-ascend's ``GraphFusionPassManager.configure`` allocates pattern inputs with ``device="npu"`` from vLLM's
+    compile backend, where TorchDynamo has set the torch function modes aside. A stand-in module at the real module
+    path does the same (its ``configure`` pops the mapping mode first): it fails on PyTorch's PrivateUse1 backend
+    without the simulator's hook, and allocates host tensors with it. Fresh interpreters, the module on PYTHONPATH."""
+    import os
+    import subprocess
+    import sys
+
+    pkg = tmp_path / "vllm_ascend" / "compilation"
+    pkg.mkdir(parents=True)
+    (tmp_path / "vllm_ascend" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "graph_fusion_pass_manager.py").write_text(
+        "import torch\n"
+        "class GraphFusionPassManager:\n"
+        "    def configure(self, config):\n"
+        "        with torch.overrides._pop_mode_temporarily():  # what the compile backend sees: no mapping mode\n"
+        "            return torch.randn(2, 8, device='npu').device.type\n")
+    probe = ("from gptoss_patch.testing import npu_sim\n"
+             "npu_sim.install()\n"
+             "from gptoss_patch.testing.npu_sim import device\n"
+             "{undo}\n"
+             "from vllm_ascend.compilation.graph_fusion_pass_manager import GraphFusionPassManager\n"
+             "try:\n"
+             "    print(GraphFusionPassManager().configure(None))\n"
+             "except Exception as e:\n"
+             "    print('failed: ' + str(e)[:80])\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    hooked = subprocess.run([sys.executable, "-c", probe.format(undo="")], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert hooked.stdout.strip() == "cpu", hooked.stdout + hooked.stderr[-2000:]
+    # the same without the hook: the post-import hook is cleared before the module is imported
+    undo = "import wrapt.importer as wi; wi._post_import_hooks.pop(device.FUSION_PASS_SETUP[0], None)"
+    bare = subprocess.run([sys.executable, "-c", probe.format(undo=undo)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert bare.stdout.strip().startswith("failed:") and "npu" in bare.stdout, bare.stdout + bare.stderr[-2000:]
+
+
+def test_integer_histc_counts_like_aclnnhistc_where_cpu_torch_has_no_kernel():
+    """``torch.histc`` on int32 expert ids (vllm-ascend's All2All dispatcher): CANN's aclnnHistc takes integers,
+    PyTorch's CPU kernel does not. With the simulator's mapping the counts equal ``bincount`` (bins = experts, bounds
+    inclusive), in the input's dtype; values outside the bounds are not counted; ``min == max`` takes the tensor's own
+    extremes; bad bounds are refused naming them."""
+    from gptoss_patch.testing.npu_sim.ops.misc import integer_histc
+
+    ids = torch.tensor([[0, 3], [1, 1], [3, 2], [1, 0]], dtype=torch.int32)
+    with torch._C.DisableTorchFunction(), pytest.raises(RuntimeError, match="histogram_cpu|not implemented"):
+        torch.histc(ids, bins=4, min=0, max=3)  # PyTorch's own CPU kernel
+    got = torch.histc(ids, bins=4, min=0, max=3)
+    assert got.dtype == torch.int32 and got.tolist() == torch.bincount(ids.flatten(), minlength=4).tolist() == [2, 3, 1, 2]
+    assert ids.histc(bins=2, min=1, max=2).tolist() == [3, 1]  # 0 and 3 are outside [1, 2]
+    assert integer_histc(torch.tensor([5, 7, 9], dtype=torch.int64), bins=2, min=0, max=0).tolist() == [1, 2]
+    with pytest.raises(RuntimeError, match=r"min \(3\) must not be greater than max \(1\)"):
+        integer_histc(ids, bins=4, min=3, max=1)
+    with pytest.raises(RuntimeError, match="bins must be > 0"):
+        integer_histc(ids, bins=0)
+
+
+def test_custom_op_kernels_allocate_on_the_simulated_npu(tmp_path):
+    """A Python custom-op kernel registered through vLLM's ``direct_register_custom_op`` and called through
+    ``torch.ops`` (where the mapping mode is off while the op runs) allocates with ``device=torch.npu.current_device()``,
+    as vllm-ascend's ``async_all_to_all`` does: host memory with the simulator's hook, PyTorch's PrivateUse1 backend
+    error without it. A stand-in ``vllm.utils.torch_utils`` registers the op as vLLM does (a Library fragment, the
+    schema inferred from the function); fresh interpreters."""
+    import os
+    import subprocess
+    import sys
+
+    utils = tmp_path / "vllm" / "utils"
+    utils.mkdir(parents=True)
+    (tmp_path / "vllm" / "__init__.py").write_text("")
+    (utils / "__init__.py").write_text("")
+    (utils / "torch_utils.py").write_text(
+        "import torch\n"
+        "lib = torch.library.Library('gptoss_probe_vllm', 'FRAGMENT')\n"
+        "def direct_register_custom_op(op_name, op_func, mutates_args=None, fake_impl=None, dispatch_key='CPU'):\n"
+        "    lib.define(op_name + torch.library.infer_schema(op_func, mutates_args=mutates_args or []))\n"
+        "    lib.impl(op_name, op_func, dispatch_key)\n")
+    probe = ("from gptoss_patch.testing import npu_sim\n"
+             "npu_sim.install()\n"
+             "from gptoss_patch.testing.npu_sim import device\n"
+             "{undo}\n"
+             "import torch\n"
+             "from vllm.utils.torch_utils import direct_register_custom_op\n"
+             "def alloc(x: torch.Tensor) -> torch.Tensor:\n"
+             "    return torch.zeros(3, device=torch.npu.current_device()) + x.sum()\n"
+             "direct_register_custom_op('alloc', alloc)\n"
+             "try:\n"
+             "    print(torch.ops.gptoss_probe_vllm.alloc(torch.ones(2)).tolist())\n"
+             "except Exception as e:\n"
+             "    print('failed: ' + str(e)[:80])\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    hooked = subprocess.run([sys.executable, "-c", probe.format(undo="")], env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert hooked.stdout.strip() == "[2.0, 2.0, 2.0]", hooked.stdout + hooked.stderr[-2000:]
+    undo = ("import wrapt.importer as wi\n"
+            "for name in device.CUSTOM_OP_REGISTRARS: wi._post_import_hooks.pop(name, None)")
+    bare = subprocess.run([sys.executable, "-c", probe.format(undo=undo)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert bare.stdout.strip().startswith("failed:") and "npu" in bare.stdout, bare.stdout + bare.stderr[-2000:]

@@ -159,6 +159,7 @@ def install(force: bool = False, children: bool = True) -> types.ModuleType:
         device.register_accelerator_hooks()
         device.enter_device_mapping()
         device.map_devices_in_fusion_pass_setup()
+        device.map_devices_in_custom_op_kernels()
         device.give_gloo_an_hccl_name()
         device.add_is_hccl_available()
         from gptoss_patch.testing.npu_sim import distributed

@@ -271,6 +271,7 @@ def _is_npu(d: Any) -> bool:
 _mode = None
 _PIN_MEMORY = None
 _DEVICE = None  # torch.device, bound by enter_device_mapping
+_HISTC: tuple = ()  # torch.histc and Tensor.histc, bound by enter_device_mapping (integer inputs: ops.misc.integer_histc)
 
 
 class NPUOnCPU(TorchFunctionMode):
@@ -295,6 +296,11 @@ class NPUOnCPU(TorchFunctionMode):
             # accelerator, as vLLM's MemorySnapshot builds it from ``current_platform.current_device()``): all the same
             # host device, without an index, so that devices built either way compare equal
             return func("cpu")
+        if func in _HISTC and args and not args[0].is_floating_point():
+            # an integer histogram: aclnnHistc supports it on the device, PyTorch's CPU kernel does not
+            from gptoss_patch.testing.npu_sim.ops.misc import integer_histc
+
+            return integer_histc(*args, **kwargs)
         dev = kwargs.get("device")
         # an int device is an index of the accelerator (torch.npu.current_device() returns one)
         if dev is not None and (_is_npu(dev) or (isinstance(dev, int) and not isinstance(dev, bool))):
@@ -314,11 +320,12 @@ def enter_device_mapping() -> None:
     (``docs/simulator.md`` §2). Torch function modes are thread-local: call this in
     every thread that allocates on the simulated device.
     """
-    global _mode, _PIN_MEMORY, _DEVICE
+    global _mode, _PIN_MEMORY, _DEVICE, _HISTC
     import torch
 
     _PIN_MEMORY = torch.Tensor.pin_memory
     _DEVICE = torch.device
+    _HISTC = (torch.histc, torch.Tensor.histc)
 
     if getattr(_state, "mapped", False):
         return
@@ -413,6 +420,67 @@ def register_accelerator_hooks() -> None:
     if getattr(accel, "_get_device_index", None) is original:
         accel._get_device_index = _get_device_index
     register_accelerator_hooks._done = True  # type: ignore[attr-defined]
+
+
+#: Where vLLM defines ``direct_register_custom_op`` (vLLM 0.11: ``vllm/utils/__init__.py``; 0.12 on:
+#: ``vllm/utils/torch_utils.py``), through which vLLM and vllm-ascend register their Python custom-op kernels.
+CUSTOM_OP_REGISTRARS = ("vllm.utils", "vllm.utils.torch_utils")
+
+
+def _mapped_kernel(op_func: Any) -> Any:
+    """``op_func`` running under a fresh :class:`NPUOnCPU` mode, with ``op_func``'s globals (torch's ``infer_schema``
+    evaluates string annotations in the function's ``__globals__``), name, annotations and ``__wrapped__``."""
+    import functools
+    import types
+
+    mode_cls = NPUOnCPU
+
+    def kernel(*args, **kwargs):
+        with mode_cls():
+            return op_func(*args, **kwargs)
+
+    mapped = types.FunctionType(kernel.__code__, op_func.__globals__, op_func.__name__, None, kernel.__closure__)
+    functools.update_wrapper(mapped, op_func)
+    mapped._gptoss_sim_mapped = True  # type: ignore[attr-defined]
+    return mapped
+
+
+def map_devices_in_custom_op_kernels() -> None:
+    """Run the Python kernels of vLLM's and vllm-ascend's custom operators under the NPU -> CPU device mapping.
+
+    vLLM's model calls its custom ops through ``torch.ops`` (``torch.ops.vllm.moe_forward``,
+    ``unified_attention_with_output``, vllm-ascend's ``maybe_pad_and_reduce``, ...). A torch function mode sees that
+    call and, as PyTorch does for every mode handler, runs it with the mode taken off the stack; the op's Python
+    kernel therefore ran without the mapping, and a kernel that allocates on the NPU itself - vllm-ascend's All2All
+    ``async_all_to_all`` (``ops/moe/comm_utils.py``: ``torch.empty(..., device=torch.npu.current_device())``) - reached
+    PyTorch's PrivateUse1 backend ("Could not run ... from the 'npu' backend"). On the device such a tensor is NPU
+    memory; on the simulated device it is host memory, as everywhere else. The hook wraps ``direct_register_custom_op``
+    (:data:`CUSTOM_OP_REGISTRARS`, a post-import hook run before any model module imports it) so that each registered
+    kernel enters a :class:`NPUOnCPU` mode for its own body (:func:`_mapped_kernel`). Fake (meta) kernels and the
+    op schemas are untouched; idempotent.
+    """
+    import functools
+    import sys
+
+    import wrapt
+
+    def hook(module) -> None:
+        original = getattr(module, "direct_register_custom_op", None)
+        if original is None or getattr(original, "_gptoss_sim_mapped", False):
+            return
+
+        @functools.wraps(original)
+        def direct_register_custom_op(op_name, op_func, *args, **kwargs):
+            return original(op_name, _mapped_kernel(op_func), *args, **kwargs)
+
+        direct_register_custom_op._gptoss_sim_mapped = True  # type: ignore[attr-defined]
+        module.direct_register_custom_op = direct_register_custom_op
+
+    for name in CUSTOM_OP_REGISTRARS:
+        if name in sys.modules:
+            hook(sys.modules[name])
+        else:
+            wrapt.register_post_import_hook(hook, name)
 
 
 #: Where vllm-ascend builds its graph-fusion patterns (0.15.0rc1 on): ``GraphFusionPassManager.configure`` constructs
