@@ -182,8 +182,11 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
 
     row = next((r for r in matrix.ROWS if r.vllm_ascend == status.row), None)
     patched_attention = status.capabilities.get("attention", {}).get("state") == "patched"
-    if (simulate and status.decision == "apply" and patched_attention and not matrix.native_sinks(row)
-            and not import_error):
+    if simulate and status.decision == "apply" and patched_attention and matrix.native_sinks(row):
+        report["main_job"] = {"skipped": "the runner's rules cover vllm-ascend 0.11-0.14; on layouts H and G the main "
+                                         "job is vllm serve through the real engine (tests/cell/native_015/"
+                                         "test_native_serve.py, or python -m gptoss_patch.testing.serve_job)"}
+    elif simulate and status.decision == "apply" and patched_attention and not import_error:
         report["main_job"] = {}
         for mode, graph in (("eager", False), ("graph", True)):
             job = run_main_job(graph=graph)
@@ -419,8 +422,11 @@ def _print_human(report: dict[str, Any]) -> None:
         ok = "error" not in d and d.get("ok") and not d.get("import_error")
         print(f"  activation in {label.replace('_', ' ')}: {'ok' if ok else 'FAILED'} "
               f"({d.get('decision')}, {sum(p['state'] == 'applied' for p in d.get('patches', []))} patches applied)")
-    for job in (report.get("main_job") or {}).values():
-        if "conversations" not in job:
+    jobs = report.get("main_job") or {}
+    if "skipped" in jobs:
+        print(f"  simulated GPT-OSS run: not run here - {jobs['skipped']}")
+    for job in jobs.values():
+        if not isinstance(job, dict) or "conversations" not in job:
             continue
         print(f"  simulated GPT-OSS run ({job['mode']}; vLLM GptOssForCausalLM on patched vllm-ascend vs transformers):")
         extra = (f"; decode steps replayed from ACL graphs: {job['graph_steps']} (sizes {job['captured_sizes']})"

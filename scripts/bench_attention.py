@@ -8,9 +8,9 @@ a batch of 1 and of 64 decoding sequences (context lengths ``200 + (37 * i) % 80
 * patched 0.11.0: vllm-ascend 0.11.0's ``AscendAttentionBackendImpl.forward`` wrapped by gptoss-patch
   (``attention.sink_window_forward``), metadata from 0.11.0's builder (:mod:`gptoss_patch.testing.attention_case`);
   runs in the 0.11.0 venv, where the ``.pth`` applies the patches.
-* native 0.15.0rc1: vllm-ascend 0.15.0rc1's own forward (no patch; gptoss-patch stands down), metadata from
-  0.15's builder (:mod:`gptoss_patch.testing.native_015`), inside ``set_ascend_forward_context``; runs in the
-  0.15.0rc1 venv.
+* native 0.15.0rc1: vllm-ascend 0.15.0rc1's own forward (gptoss-patch disabled in that worker: layout H would route
+  the sink/window layers to our call), metadata from 0.15's builder (:mod:`gptoss_patch.testing.native_015`), inside
+  ``set_ascend_forward_context``; runs in the 0.15.0rc1 venv.
 
 Only host-side Python is measured: the timed steps run inside
 :func:`gptoss_patch.testing.npu_sim.host_time.host_time_only`, where the simulated attention operators return a
@@ -127,8 +127,8 @@ def worker_015(steps: int) -> dict:
 
     cfg, _ = n015.vllm_context()
     st = gptoss_patch.status()
-    if st.decision != "stand-down":
-        raise SystemExit(f"expected gptoss-patch to stand down on vllm-ascend 0.15.0rc1, got {st.decision}")
+    if st.decision != "disabled":  # run_worker starts this worker with GPTOSS_PATCH_DISABLE=1
+        raise SystemExit(f"expected gptoss-patch disabled in the native 0.15.0rc1 worker, got {st.decision}")
     result = {}
     for batch in BATCHES:
         impls = [n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW if i % 2 == 0 else None,
@@ -156,6 +156,8 @@ def run_worker(py: str, which: str, steps: int) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPTOSS_PATCH_")}
     env.update(GPTOSS_PATCH_SIMULATE_NPU="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
                VLLM_LOGGING_LEVEL=env.get("VLLM_LOGGING_LEVEL", "ERROR"))
+    if which == "0.15.0rc1":  # upstream's own attention: layout H would route the sink/window layers to ours
+        env.update(GPTOSS_PATCH_DISABLE="1", GPTOSS_PATCH_ALLOW_UNPATCHED="1")
     proc = subprocess.run([py, str(Path(__file__).resolve()), "--worker", which, "--steps", str(steps)],
                           capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=1800)
     for line in proc.stdout.splitlines():

@@ -24,6 +24,7 @@ native 0.15.0rc1 cell, and compare). Figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import sys
@@ -153,6 +154,7 @@ def bench_decode(workdir: Path, steps: int, upstream_attention: bool = False) ->
                 getattr(fn, "__module__", "").startswith("gptoss_patch.testing.npu_sim.ops"):
             originals[name] = fn
 
+            @functools.wraps(fn)  # keeps the signature (gptoss_patch.kernels.attention.detect_path reads it)
             def counted(*a, _fn=fn, **k):
                 calls["n"] += 1
                 return _fn(*a, **k)
@@ -195,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
-    if args.upstream_attention and os.environ.get("GPTOSS_PATCH_DISABLE") != "1":
+    if args.upstream_attention and args.skip_decode:
+        ap.error("--upstream-attention measures the decode step: drop --skip-decode")
+    if args.upstream_attention and not (os.environ.get("GPTOSS_PATCH_DISABLE") == "1"
+                                        and os.environ.get("GPTOSS_PATCH_ALLOW_UNPATCHED") == "1"):
         # the .pth hook activates at interpreter start-up: start again with the patches off (the guard let through)
         env = dict(os.environ, GPTOSS_PATCH_DISABLE="1", GPTOSS_PATCH_ALLOW_UNPATCHED="1")
         os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *(sys.argv[1:] if argv is None else argv)],

@@ -8,7 +8,8 @@ token counts. It runs under whichever venv's Python starts it:
 
 * vllm-ascend 0.11.x (patched by gptoss-patch): also times upstream's unpatched path on the same layer (wrong
   results, for the overhead of the patch);
-* vllm-ascend >= 0.15.0rc1 (native GPT-OSS support; gptoss-patch stands down).
+* vllm-ascend >= 0.15.0rc1 (native GPT-OSS MoE: no MoE patch on 0.15.0rc1, 0.16.0rc1 and from 0.19.1rc1; layout G
+  patches only the activation name).
 
 ``--save FILE`` stores inputs-derived outputs; ``--compare FILE`` reports the max difference against a file saved by
 the other venv (same seed, same inputs). ``--other PYTHON`` runs the script under a second interpreter first and

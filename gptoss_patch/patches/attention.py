@@ -131,7 +131,7 @@ def _bind_011(layer, query, key, value, kv_cache, attn_metadata, output=None, tr
 
 def _forward_impl(wrapped, instance, args, kwargs):
     """wrapt wrapper for ``AscendAttentionBackendImpl.forward_impl(query, key, value, kv_cache, attn_metadata,
-    output)`` (vllm-ascend 0.12.0rc1 ... 0.14.0rc1).
+    output)`` (vllm-ascend 0.12.0rc1 ... 0.18.0: layouts C, E, F, H, G).
 
     Upstream's ``forward`` (called by vLLM's ``unified_attention_with_output`` op, docs/upstream.md §7.1) has
     already returned zeros for ``attn_metadata is None``, written the new K/V into the paged cache

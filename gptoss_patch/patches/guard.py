@@ -345,7 +345,9 @@ def check_mxfp4_build(vllm_config: Any, status: Any) -> None:
 
 
 def _guard_init(wrapped, instance, args, kwargs):
-    """wrapt wrapper for ``GptOssForCausalLM.__init__``: build, then :func:`check` the status.
+    """wrapt wrapper for ``GptOssForCausalLM.__init__``: build, then :func:`check` the status; where our attention
+    runs, also fix its operator path (:func:`gptoss_patch.kernels.attention.chosen_path`, which raises
+    :class:`~gptoss_patch.kernels.attention.SinkAttentionUnavailable` for a torch_npu without sinks).
 
     The patches whose modules are imported while the model is built are only applied then, so the check follows the
     build. If the build itself fails on an unpatched stack (vLLM >= 0.12 passes YaRN ``truncate=``, which vllm-ascend
@@ -372,6 +374,12 @@ def _guard_init(wrapped, instance, args, kwargs):
     status = current_status()
     check(status)
     check_runs(instance, status)
+    if status.decision == "apply" and (status.capabilities or {}).get("attention", {}).get("state") == "patched":
+        # the operator path our attention takes, fixed for the process now (layouts B-F did it when the first impl
+        # kept its sinks; on H and G upstream keeps them): a torch_npu that cannot compute sinks fails at the build
+        from gptoss_patch.kernels import attention as kernels
+
+        kernels.chosen_path()
     return result
 
 

@@ -44,9 +44,9 @@ from __future__ import annotations
 
 import inspect
 import os
-import types
 import tempfile
 import threading
+import types
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -319,7 +319,10 @@ def run_native_forward(cfg, impl, case: Case, metadata=None, upstream: bool = Fa
     md = case.metadata if metadata is None else metadata
     out = torch.full((case.num_tokens, case.num_heads, case.head_dim), float("nan"), dtype=case.query.dtype)
     kv = (case.key_cache.clone(), case.value_cache.clone())
-    original = getattr(inspect.getattr_static(type(impl), "forward_impl"), "__wrapped__", None) if upstream else None
+    from gptoss_patch.registry import MARKER
+
+    ours = inspect.getattr_static(type(impl), "forward_impl")
+    original = ours.__wrapped__ if upstream and hasattr(ours, MARKER) else None  # only gptoss-patch's wrapper
     if original is not None:
         impl.forward_impl = types.MethodType(original, impl)
     try:

@@ -291,3 +291,21 @@ def test_custom_op_kernels_allocate_on_the_simulated_npu(tmp_path):
     bare = subprocess.run([sys.executable, "-c", probe.format(undo=undo)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert bare.stdout.strip().startswith("failed:") and "npu" in bare.stdout, bare.stdout + bare.stderr[-2000:]
+
+
+def test_simulated_modules_can_be_reloaded_after_a_programmatic_install():
+    """vllm-ascend >= 0.15's worker patch reloads ``torchair.fx_summary``; ``importlib.reload`` needs a meta-path
+    finder for it, also when the simulator came from ``npu_sim.install()`` rather than the start-up variable."""
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import importlib, sys\n"
+             "from gptoss_patch.testing import npu_sim\n"
+             "npu_sim.install()\n"
+             "import torchair.fx_summary\n"
+             "m = importlib.reload(sys.modules['torchair.fx_summary'])\n"
+             "print(m is sys.modules['torchair.fx_summary'], importlib.util.find_spec('torchair.fx_summary') is not None)\n")
+    env = {k: v for k, v in os.environ.items() if k != "GPTOSS_PATCH_SIMULATE_NPU"}
+    proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.stdout.strip() == "True True", proc.stdout + proc.stderr[-2000:]

@@ -143,6 +143,7 @@ def install(force: bool = False, children: bool = True) -> types.ModuleType:
             mod.__spec__ = importlib.machinery.ModuleSpec(name, _SimLoader(), is_package=True)
             mod.__loader__ = mod.__spec__.loader
             sys.modules[name] = mod
+        _ensure_finder()
         backend = torch._C._get_privateuse1_backend_name()
         if backend != "npu":
             if backend != "privateuseone":
@@ -194,6 +195,33 @@ class _SimLoader(importlib.abc.Loader):
         parent, _, child = module.__name__.rpartition(".")
         if parent and parent in sys.modules:
             setattr(sys.modules[parent], child, module)
+
+
+class _SimModuleFinder:
+    """A :data:`sys.meta_path` finder for the simulated top-level packages (``torch_npu``, ``torchair``, ``acl``), added
+    by :func:`install` when the start-up finder (``GPTOSS_PATCH_SIMULATE_NPU=1`` at interpreter start) is not there.
+
+    ``importlib.reload`` and ``importlib.util.find_spec`` look a module up through the meta path even when it is in
+    :data:`sys.modules`; vllm-ascend >= 0.15's worker patch ``patch_npugraph_ex_triton`` reloads
+    ``torchair.fx_summary``, which failed with "spec not found" in a process that installed the simulator by calling
+    :func:`install` (a benchmark, an in-process test) instead of through the environment variable.
+    """
+
+    names = ("torch_npu", "torchair", "acl")
+
+    def find_spec(self, fullname, path=None, target=None):  # noqa: D102 - importlib protocol
+        if fullname.partition(".")[0] not in self.names:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _SimLoader(), is_package=True)
+
+    def invalidate_caches(self):  # noqa: D102 - importlib protocol
+        pass
+
+
+def _ensure_finder() -> None:
+    """Add :class:`_SimModuleFinder` to :data:`sys.meta_path` unless a finder for the simulated names is there."""
+    if not any(type(f).__name__ in ("_SimulatedNPUFinder", "_SimModuleFinder") for f in sys.meta_path):
+        sys.meta_path.append(_SimModuleFinder())
 
 
 def find_spec(fullname: str) -> importlib.machinery.ModuleSpec | None:

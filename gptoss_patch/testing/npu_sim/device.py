@@ -271,7 +271,7 @@ def _is_npu(d: Any) -> bool:
 _mode = None
 _PIN_MEMORY = None
 _DEVICE = None  # torch.device, bound by enter_device_mapping
-_HISTC: tuple = ()  # torch.histc and Tensor.histc, bound by enter_device_mapping (integer inputs: ops.misc.integer_histc)
+_HISTC: tuple = (None, None)  # torch.histc, Tensor.histc; bound by enter_device_mapping (integers: ops.misc.integer_histc)
 
 
 class NPUOnCPU(TorchFunctionMode):
@@ -296,11 +296,13 @@ class NPUOnCPU(TorchFunctionMode):
             # accelerator, as vLLM's MemorySnapshot builds it from ``current_platform.current_device()``): all the same
             # host device, without an index, so that devices built either way compare equal
             return func("cpu")
-        if func in _HISTC and args and not args[0].is_floating_point():
-            # an integer histogram: aclnnHistc supports it on the device, PyTorch's CPU kernel does not
-            from gptoss_patch.testing.npu_sim.ops.misc import integer_histc
+        if func is _HISTC[0] or func is _HISTC[1]:
+            first = args[0] if args else kwargs.get("input")
+            if first is not None and not first.is_floating_point():
+                # an integer histogram: aclnnHistc supports it on the device, PyTorch's CPU kernel does not
+                from gptoss_patch.testing.npu_sim.ops.misc import integer_histc
 
-            return integer_histc(*args, **kwargs)
+                return integer_histc(*args, **kwargs)
         dev = kwargs.get("device")
         # an int device is an index of the accelerator (torch.npu.current_device() returns one)
         if dev is not None and (_is_npu(dev) or (isinstance(dev, int) and not isinstance(dev, bool))):
@@ -485,7 +487,8 @@ def map_devices_in_custom_op_kernels() -> None:
 
 #: Where vllm-ascend builds its graph-fusion patterns (0.15.0rc1 on): ``GraphFusionPassManager.configure`` constructs
 #: every pass, and each pass traces its pattern with example inputs allocated ``device="npu"``
-#: (``vllm_ascend/compilation/passes/*.py``, e.g. 0.17.0rc1 ``muls_add_pass.py`` ``torch.randn(2, 2048, device="npu")``).
+#: (``vllm_ascend/compilation/passes/*.py``; first reached by the main job on 0.16.0rc1, whose default
+#: ``fuse_muls_add`` adds ``muls_add_pass.py`` ``torch.randn(2, 2048, device="npu")``).
 FUSION_PASS_SETUP = ("vllm_ascend.compilation.graph_fusion_pass_manager", "GraphFusionPassManager", "configure")
 
 
@@ -496,9 +499,10 @@ def map_devices_in_fusion_pass_setup() -> None:
     which TorchDynamo invokes after tracing, with the torch function mode stack it saved for the traced frame set
     aside: the simulator's mapping (:func:`enter_device_mapping`, a :class:`NPUOnCPU` mode) is not active there, so
     ``device="npu"`` reached PyTorch's PrivateUse1 backend ("Could not run 'aten::empty.memory_format' with arguments
-    from the 'npu' backend"; vllm-ascend 0.17.0rc1 with PIECEWISE graphs). On the device these example inputs are NPU
-    tensors that only feed pattern tracing; on the simulated device they are host tensors, as everywhere else. Only
-    the set-up is wrapped: the compile itself runs as before. Installed as a post-import hook (idempotent).
+    from the 'npu' backend"; vllm-ascend 0.16.0rc1 - 0.18.0 with PIECEWISE graphs). On the device these example
+    inputs are NPU tensors that only feed pattern tracing; on the simulated device they are host tensors, as
+    everywhere else. Only the set-up is wrapped: the compile itself runs as before. Installed as a post-import hook
+    (idempotent).
     """
     import sys
 
@@ -515,7 +519,7 @@ def map_devices_in_fusion_pass_setup() -> None:
         if cls is None or getattr(cls.__dict__.get(method), "_self_gptoss_sim_mapped", False):
             return
         wrapt.wrap_function_wrapper(cls, method, mapped)
-        getattr(cls, method)._self_gptoss_sim_mapped = True  # noqa: SLF001 - wrapt keeps _self_* on the wrapper
+        cls.__dict__[method]._self_gptoss_sim_mapped = True  # on the wrapper itself (wrapt keeps _self_* there)
 
     if module_name in sys.modules:
         hook(sys.modules[module_name])

@@ -51,9 +51,12 @@ def fia_calls(monkeypatch):
     vllm-ascend's attention module makes (it looks the operator up on ``torch_npu`` at call time)."""
     import vllm_ascend.attention.attention_v1 as aa
 
+    import functools
+
     calls = []
     real = aa.torch_npu.npu_fused_infer_attention_score_v2
 
+    @functools.wraps(real)  # keeps the signature: gptoss_patch.kernels.attention.detect_path reads learnable_sink
     def spy(*args, **kwargs):
         calls.append(kwargs)
         return real(*args, **kwargs)
@@ -140,8 +143,16 @@ if not matrix.native_attention(ROW):  # layouts H and G
         sinks = _sinks()
         impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=window, sinks=sinks)
         out = n015.run_native_forward(cfg, impl, case)
-        assert fia_calls == [] or all(c.get("atten_mask") is not getattr(case.metadata, "swa_mask", object())
-                                      for c in fia_calls)
+        from gptoss_patch.kernels import attention as kernels
+
+        assert kernels.chosen_path() == kernels.V2  # the operator path a torch_npu with learnable_sink takes
+        assert len(fia_calls) == 1, fia_calls
+        call = fia_calls[0]
+        assert call["input_layout"] == "TND" and call["learnable_sink"] is impl.sinks
+        assert (call["sparse_mode"], call["pre_tokens"], call["next_tokens"]) == \
+            ((4, WINDOW - 1, 0) if window else (3, 2147483647, 0)), call
+        assert torch.equal(call["atten_mask"].bool(), torch.triu(torch.ones(2048, 2048, dtype=torch.bool), 1))
+        assert call["atten_mask"] is not getattr(case.metadata, "swa_mask", None)
         ref = reference_output(case, sinks=sinks, sliding_window=window, scale=impl.scale)
         err = (out - ref).abs().max().item()
         assert err <= 1e-5, f"max abs error {err} against transformers (window {window})"

@@ -187,7 +187,7 @@ def test_moe_without_gptoss_patch_matches_the_matrix_verdict():
     * layout G (0.17.0rc1, 0.18.0; the matrix says ``moe: patched``): every case DIFFERS from transformers by more
       than 10 % relative (plain SwiGLU instead of swigluoai; measured 2.1-2.4 in both cells), and the experts took
       ``npu_swiglu``, never ``swiglu_oai_forward`` - so the in-process equality above is the patch's doing.
-    * stand-down rows (0.15.0rc1, 0.16.0rc1, 0.19.1rc1; ``moe: native``): every case EQUALS transformers
+    * the other rows (0.15.0rc1, 0.16.0rc1: layout H; 0.19.1rc1: stand-down; ``moe: native``): every case EQUALS transformers
       (<= 1e-4) with nothing patched, through ``swiglu_oai_forward``.
     """
     proc = run_python(UNPATCHED_CHILD, GPTOSS_PATCH_DISABLE="1", GPTOSS_PATCH_ALLOW_UNPATCHED="1")

@@ -27,7 +27,7 @@ def clean_run():
     return run_selftest()
 
 
-def test_selftest_passes_on_upstream_attention(clean_run):
+def test_selftest_passes_on_the_rows_attention(clean_run):
     proc, report = clean_run
     st = report["selftest"]
     assert proc.returncode == 0, (report["problems"], st["failed"])
