@@ -190,43 +190,52 @@ def test_torchair_register_replacement_records_without_rewriting():
     assert entry["search_fn"] is search and entry["replace_fn"] is replace and calls == []
 
 
-def test_fusion_pass_setup_allocates_on_the_simulated_npu_where_dynamo_set_the_mapping_aside(tmp_path):
-    """vllm-ascend's ``GraphFusionPassManager.configure`` allocates pattern inputs with ``device="npu"`` from vLLM's
-    compile backend, where TorchDynamo has set the torch function modes aside. A stand-in module at the real module
-    path does the same (its ``configure`` pops the mapping mode first): it fails on PyTorch's PrivateUse1 backend
-    without the simulator's hook, and allocates host tensors with it. Fresh interpreters, the module on PYTHONPATH."""
+def _with_and_without_hook(tmp_path, files: dict[str, str], setup: str, expr: str, hooks: str) -> str:
+    """Write stand-in upstream modules (``files``: path under ``tmp_path`` -> source; empty ``__init__.py`` files are
+    added for their packages), then, after ``npu_sim.install()`` and ``setup``, print ``expr`` in two fresh
+    interpreters with them on PYTHONPATH: as installed, and with the post-import hooks of the modules named by the
+    expression ``hooks`` (read from ``npu_sim.device``) removed first. Asserts that the run without the hooks failed
+    on PyTorch's 'npu' (PrivateUse1) backend; returns what the hooked run printed."""
     import os
     import subprocess
     import sys
 
-    pkg = tmp_path / "vllm_ascend" / "compilation"
-    pkg.mkdir(parents=True)
-    (tmp_path / "vllm_ascend" / "__init__.py").write_text("")
-    (pkg / "__init__.py").write_text("")
-    (pkg / "graph_fusion_pass_manager.py").write_text(
-        "import torch\n"
-        "class GraphFusionPassManager:\n"
-        "    def configure(self, config):\n"
-        "        with torch.overrides._pop_mode_temporarily():  # what the compile backend sees: no mapping mode\n"
-        "            return torch.randn(2, 8, device='npu').device.type\n")
-    probe = ("from gptoss_patch.testing import npu_sim\n"
-             "npu_sim.install()\n"
-             "from gptoss_patch.testing.npu_sim import device\n"
-             "{undo}\n"
-             "from vllm_ascend.compilation.graph_fusion_pass_manager import GraphFusionPassManager\n"
-             "try:\n"
-             "    print(GraphFusionPassManager().configure(None))\n"
-             "except Exception as e:\n"
-             "    print('failed: ' + str(e)[:80])\n")
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        for parent in path.relative_to(tmp_path).parents:
+            if str(parent) != ".":
+                (tmp_path / parent / "__init__.py").touch()
+    head = ("from gptoss_patch.testing import npu_sim\n"
+            "npu_sim.install()\n"
+            "from gptoss_patch.testing.npu_sim import device\n")
+    undo = ("import wrapt.importer as wi\n"
+            f"for name in {hooks}: wi._post_import_hooks.pop(name, None)\n")
+    body = setup + f"try:\n    print({expr})\nexcept Exception as e:\n    print('failed: ' + str(e)[:80])\n"
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    hooked = subprocess.run([sys.executable, "-c", probe.format(undo="")], env=env, capture_output=True, text=True,
-                            timeout=300)
-    assert hooked.stdout.strip() == "cpu", hooked.stdout + hooked.stderr[-2000:]
-    # the same without the hook: the post-import hook is cleared before the module is imported
-    undo = "import wrapt.importer as wi; wi._post_import_hooks.pop(device.FUSION_PASS_SETUP[0], None)"
-    bare = subprocess.run([sys.executable, "-c", probe.format(undo=undo)], env=env, capture_output=True, text=True,
-                          timeout=300)
+    hooked, bare = (subprocess.run([sys.executable, "-c", head + extra + body], env=env, capture_output=True,
+                                   text=True, timeout=300) for extra in ("", undo))
     assert bare.stdout.strip().startswith("failed:") and "npu" in bare.stdout, bare.stdout + bare.stderr[-2000:]
+    return hooked.stdout.strip() + ("" if hooked.returncode == 0 else hooked.stderr[-2000:])
+
+
+def test_fusion_pass_setup_allocates_on_the_simulated_npu_where_dynamo_set_the_mapping_aside(tmp_path):
+    """vllm-ascend's ``GraphFusionPassManager.configure`` allocates pattern inputs with ``device="npu"`` from vLLM's
+    compile backend, where TorchDynamo has set the torch function modes aside. A stand-in module at the real module
+    path does the same (its ``configure`` pops the mapping mode first): it fails on PyTorch's PrivateUse1 backend
+    without the simulator's hook, and allocates host tensors with it."""
+    printed = _with_and_without_hook(
+        tmp_path,
+        {"vllm_ascend/compilation/graph_fusion_pass_manager.py":
+            "import torch\n"
+            "class GraphFusionPassManager:\n"
+            "    def configure(self, config):\n"
+            "        with torch.overrides._pop_mode_temporarily():  # what the compile backend sees: no mapping mode\n"
+            "            return torch.randn(2, 8, device='npu').device.type\n"},
+        "from vllm_ascend.compilation.graph_fusion_pass_manager import GraphFusionPassManager\n",
+        "GraphFusionPassManager().configure(None)", "[device.FUSION_PASS_SETUP[0]]")
+    assert printed == "cpu", printed
 
 
 def test_integer_histc_counts_like_aclnnhistc_where_cpu_torch_has_no_kernel():
@@ -254,43 +263,22 @@ def test_custom_op_kernels_allocate_on_the_simulated_npu(tmp_path):
     ``torch.ops`` (where the mapping mode is off while the op runs) allocates with ``device=torch.npu.current_device()``,
     as vllm-ascend's ``async_all_to_all`` does: host memory with the simulator's hook, PyTorch's PrivateUse1 backend
     error without it. A stand-in ``vllm.utils.torch_utils`` registers the op as vLLM does (a Library fragment, the
-    schema inferred from the function); fresh interpreters."""
-    import os
-    import subprocess
-    import sys
-
-    utils = tmp_path / "vllm" / "utils"
-    utils.mkdir(parents=True)
-    (tmp_path / "vllm" / "__init__.py").write_text("")
-    (utils / "__init__.py").write_text("")
-    (utils / "torch_utils.py").write_text(
+    schema inferred from the function)."""
+    printed = _with_and_without_hook(
+        tmp_path,
+        {"vllm/utils/torch_utils.py":
+            "import torch\n"
+            "lib = torch.library.Library('gptoss_probe_vllm', 'FRAGMENT')\n"
+            "def direct_register_custom_op(op_name, op_func, mutates_args=None, fake_impl=None, dispatch_key='CPU'):\n"
+            "    lib.define(op_name + torch.library.infer_schema(op_func, mutates_args=mutates_args or []))\n"
+            "    lib.impl(op_name, op_func, dispatch_key)\n"},
         "import torch\n"
-        "lib = torch.library.Library('gptoss_probe_vllm', 'FRAGMENT')\n"
-        "def direct_register_custom_op(op_name, op_func, mutates_args=None, fake_impl=None, dispatch_key='CPU'):\n"
-        "    lib.define(op_name + torch.library.infer_schema(op_func, mutates_args=mutates_args or []))\n"
-        "    lib.impl(op_name, op_func, dispatch_key)\n")
-    probe = ("from gptoss_patch.testing import npu_sim\n"
-             "npu_sim.install()\n"
-             "from gptoss_patch.testing.npu_sim import device\n"
-             "{undo}\n"
-             "import torch\n"
-             "from vllm.utils.torch_utils import direct_register_custom_op\n"
-             "def alloc(x: torch.Tensor) -> torch.Tensor:\n"
-             "    return torch.zeros(3, device=torch.npu.current_device()) + x.sum()\n"
-             "direct_register_custom_op('alloc', alloc)\n"
-             "try:\n"
-             "    print(torch.ops.gptoss_probe_vllm.alloc(torch.ones(2)).tolist())\n"
-             "except Exception as e:\n"
-             "    print('failed: ' + str(e)[:80])\n")
-    env = dict(os.environ, PYTHONPATH=str(tmp_path))
-    hooked = subprocess.run([sys.executable, "-c", probe.format(undo="")], env=env, capture_output=True, text=True,
-                            timeout=300)
-    assert hooked.stdout.strip() == "[2.0, 2.0, 2.0]", hooked.stdout + hooked.stderr[-2000:]
-    undo = ("import wrapt.importer as wi\n"
-            "for name in device.CUSTOM_OP_REGISTRARS: wi._post_import_hooks.pop(name, None)")
-    bare = subprocess.run([sys.executable, "-c", probe.format(undo=undo)], env=env, capture_output=True, text=True,
-                          timeout=300)
-    assert bare.stdout.strip().startswith("failed:") and "npu" in bare.stdout, bare.stdout + bare.stderr[-2000:]
+        "from vllm.utils.torch_utils import direct_register_custom_op\n"
+        "def alloc(x: torch.Tensor) -> torch.Tensor:\n"
+        "    return torch.zeros(3, device=torch.npu.current_device()) + x.sum()\n"
+        "direct_register_custom_op('alloc', alloc)\n",
+        "torch.ops.gptoss_probe_vllm.alloc(torch.ones(2)).tolist()", "device.CUSTOM_OP_REGISTRARS")
+    assert printed == "[2.0, 2.0, 2.0]", printed
 
 
 def test_simulated_modules_can_be_reloaded_after_a_programmatic_install():
