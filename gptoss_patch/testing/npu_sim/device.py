@@ -421,6 +421,19 @@ def register_accelerator_hooks() -> None:
     accel_utils._get_device_index = _get_device_index
     if getattr(accel, "_get_device_index", None) is original:
         accel._get_device_index = _get_device_index
+
+    def synchronize(device=None) -> None:
+        """``torch.accelerator.synchronize`` on the simulated NPU: wait until every stream of the device is idle.
+
+        PyTorch's C++ side asks the backend's device guard (``DeviceGuardImplInterface::synchronizeDevice``), which the
+        Python registration cannot provide ("Backend doesn't support synchronizing all streams on device"; vLLM
+        0.18's ``GPUModelRunner.capture_model`` calls it). The simulator runs every operator on the host before the
+        call returns, so every stream is idle already: nothing to wait for (as ``torch_npu.npu.synchronize`` here).
+        """
+        if device is not None:
+            _get_device_index(device if not isinstance(device, str) else torch.device(device), True)
+
+    accel.synchronize = synchronize
     register_accelerator_hooks._done = True  # type: ignore[attr-defined]
 
 
