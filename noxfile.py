@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -280,7 +281,31 @@ def cached_venv(session: nox.Session, name: str, steps: list[list[str]]) -> Path
         stamp.write_text(json.dumps(steps))
         _BUILT.append(name)
         session.log(f"venv {name} built in {time.monotonic() - t0:.0f} s")
+    (path / ".last-used").touch()
+    prune_stale_venvs(session, name, keep=path)
     return py
+
+
+#: A cached venv whose key no longer matches (the noxfile's steps for that name changed) is removed once no run
+#: has used it for this long: another checkout (an older branch) may still want it, but venvs of every past key
+#: would otherwise pile up on the CI machine's disk.
+STALE_VENV_SECONDS = 2 * 24 * 3600
+
+
+def prune_stale_venvs(session: nox.Session, name: str, keep: Path) -> None:
+    """Remove the cached venvs ``name-<other key>`` unused (newest of ``.last-used``, ``.complete`` and the
+    directory itself, so a venv another run is building stays) for :data:`STALE_VENV_SECONDS`; ``keep`` (this
+    run's) stays."""
+    pattern = re.compile(re.escape(name) + r"-[0-9a-f]{12}")
+    now = time.time()
+    for other in CACHE.glob(f"{name}-*"):
+        if other == keep or not pattern.fullmatch(other.name):
+            continue
+        marks = [m.stat().st_mtime for m in (other / ".last-used", other / ".complete", other) if m.exists()]
+        if now - max(marks) < STALE_VENV_SECONDS:
+            continue
+        session.log(f"removing stale cached venv {other}")
+        shutil.rmtree(other, ignore_errors=True)
 
 
 #: Where each nox run puts its own installed copy of gptoss-patch (:func:`overlay_venv`), removed when the session

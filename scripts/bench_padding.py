@@ -37,7 +37,6 @@ import gc
 import os
 import re
 import sys
-import tempfile
 import time
 import tracemalloc
 
@@ -121,7 +120,7 @@ def bench_process_weights(experts: int, hidden: int, inter: int) -> None:
     from gptoss_patch.testing import vllm_setup
     from gptoss_patch.testing.tiny import write_checkpoint
 
-    ckpt = tempfile.mkdtemp(prefix="bench-padding-")
+    ckpt = vllm_setup.process_scratch("bench-padding-")
     write_checkpoint(ckpt, preset="tiny", tokenizer=False, num_hidden_layers=2, num_local_experts=4, vocab_size=512,
                      pad_token_id=511, eos_token_id=510)
     cfg = vllm_setup.engine_config(ckpt)

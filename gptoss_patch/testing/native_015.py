@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import tempfile
 import threading
 import types
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from typing import Any, Sequence
 
 import torch
 
+from gptoss_patch.testing import vllm_setup
 from gptoss_patch.testing.attention_case import Case
 
 _WP = "vllm_ascend.patch.worker."
@@ -64,8 +64,6 @@ def expected_worker_patches() -> tuple[set[str], list[str]]:
     skipped statements."""
     import ast
     import importlib.util
-
-    from gptoss_patch.testing import vllm_setup
 
     spec = importlib.util.find_spec("vllm_ascend.patch.worker")
     skipped = list(vllm_setup._skipped_worker_patches)
@@ -134,7 +132,7 @@ def vllm_context(ckpt_dir: str | None = None, dtype: str = "float32"):
         if ckpt_dir is None:
             from gptoss_patch.testing.tiny import write_checkpoint
 
-            ckpt_dir = tempfile.mkdtemp(prefix="gptoss-015-ckpt-")
+            ckpt_dir = vllm_setup.process_scratch("gptoss-015-ckpt-")
             write_checkpoint(ckpt_dir, preset="tiny", seed=0, tokenizer=False)
         from vllm.config import set_current_vllm_config
         from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
@@ -143,8 +141,9 @@ def vllm_context(ckpt_dir: str | None = None, dtype: str = "float32"):
         cfg = EngineArgs(model=ckpt_dir, dtype=dtype, enforce_eager=True, max_model_len=1024,
                          skip_tokenizer_init=True, block_size=BLOCK_SIZE).create_engine_config()
         with set_current_vllm_config(cfg):
+            rendezvous = vllm_setup.process_scratch("gptoss-015-", directory=False)
             init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                         distributed_init_method=f"file://{tempfile.mktemp(prefix='gptoss-015-')}")
+                                         distributed_init_method=f"file://{rendezvous}")
             ensure_model_parallel_initialized(1, 1, 1, 1)
             from vllm_ascend import ops
             from vllm_ascend.ascend_config import init_ascend_config

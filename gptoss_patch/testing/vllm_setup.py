@@ -45,7 +45,9 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import atexit
 import os
+import shutil
 import tempfile
 import threading
 from typing import Any, Iterator
@@ -96,6 +98,35 @@ def engine_config(checkpoint_dir: str | os.PathLike, **engine_args: Any):
     return EngineArgs(model=str(checkpoint_dir), **args).create_engine_config()
 
 
+def process_scratch(prefix: str, *, directory: bool = True) -> str:
+    """A fresh path under the system temporary directory, removed when this process exits normally.
+
+    Args:
+        prefix: file-name prefix (``gptoss-...``).
+        directory: create a directory (``True``) or return the name of a file that does not exist yet (``False``;
+            the ``file://`` rendezvous of ``torch.distributed``'s ``FileStore``, which creates it).
+
+    Returns:
+        The absolute path. An ``atexit`` handler removes it (and everything under it): each test child that builds
+        a checkpoint or a distributed world would otherwise leave ~70 MB (a tiny checkpoint) behind, and a CI
+        machine fills up over many runs. A process killed by a signal leaves its scratch behind.
+    """
+    if directory:
+        path = tempfile.mkdtemp(prefix=prefix)
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+    else:
+        fd, path = tempfile.mkstemp(prefix=prefix)
+        os.close(fd)
+        os.unlink(path)
+        atexit.register(_unlink_quietly, path)
+    return path
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
 def _init_world(cfg: Any, rank: int, distributed_init_method: str | None) -> None:
     global _world
     pc = cfg.parallel_config
@@ -108,7 +139,7 @@ def _init_world(cfg: Any, rank: int, distributed_init_method: str | None) -> Non
         return
     from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
 
-    method = distributed_init_method or f"file://{tempfile.mktemp(prefix='gptoss-dist-')}"
+    method = distributed_init_method or f"file://{process_scratch('gptoss-dist-', directory=False)}"
     init_distributed_environment(world_size=pc.world_size, rank=rank, distributed_init_method=method,
                                  local_rank=rank, backend="gloo")
     ensure_model_parallel_initialized(pc.tensor_parallel_size, pc.pipeline_parallel_size)

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,35 @@ def test_two_checkouts_at_once_install_into_their_own_overlay(tmp_path, monkeypa
         assert where == "cached venv"  # everything else comes from the cached venv
         assert out.stdout.splitlines()[1] == "True"  # the overlay's own gptoss_patch.pth ran at start-up
     assert _snapshot(base) == before  # nothing was installed into (or removed from) the cached venv
+
+
+def test_stale_cached_venvs_of_the_same_name_are_pruned_and_nothing_else(tmp_path, monkeypatch):
+    """A venv of an old key unused for more than STALE_VENV_SECONDS goes; a recent one (another branch may still use
+    it), one being built (no marks, fresh directory), this run's, and other names stay."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        import noxfile
+    finally:
+        sys.path.remove(str(ROOT))
+    monkeypatch.setattr(noxfile, "CACHE", tmp_path)
+    old = time.time() - noxfile.STALE_VENV_SECONDS - 60
+    venvs = {n: tmp_path / n for n in ("cell-0.18.0-aaaaaaaaaaaa", "cell-0.18.0-bbbbbbbbbbbb",
+                                       "cell-0.18.0-cccccccccccc", "cell-0.18.0-dddddddddddd",
+                                       "cell-0.18.0rc1-eeeeeeeeeeee", "unit-ffffffffffff")}
+    for path in venvs.values():
+        path.mkdir()
+        (path / ".complete").write_text("[]")
+        os.utime(path / ".complete", (old, old))
+        os.utime(path, (old, old))
+    (venvs["cell-0.18.0-bbbbbbbbbbbb"] / ".last-used").touch()           # used recently
+    (venvs["cell-0.18.0-cccccccccccc"] / ".complete").unlink()           # being built now
+    os.utime(venvs["cell-0.18.0-cccccccccccc"])
+
+    class _Session:
+        def log(self, *_):
+            pass
+
+    noxfile.prune_stale_venvs(_Session(), "cell-0.18.0", keep=venvs["cell-0.18.0-dddddddddddd"])
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == ["cell-0.18.0-bbbbbbbbbbbb", "cell-0.18.0-cccccccccccc", "cell-0.18.0-dddddddddddd",
+                    "cell-0.18.0rc1-eeeeeeeeeeee", "unit-ffffffffffff"]

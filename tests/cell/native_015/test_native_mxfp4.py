@@ -20,13 +20,13 @@ from conftest import ROW, run_python
 from gptoss_patch import matrix
 
 CHILD = """
-import json, sys, tempfile
+import json, sys
 import torch
 import gptoss_patch
-from gptoss_patch.testing import native_015 as n015
+from gptoss_patch.testing import native_015 as n015, vllm_setup
 from gptoss_patch.testing.tiny import write_checkpoint
 from gptoss_patch.testing.runner import _transformers_mxfp4_model
-ckpt = write_checkpoint(tempfile.mkdtemp(prefix="gptoss-mxfp4-"), preset="tiny-mxfp4", seed=0, tokenizer=False,
+ckpt = write_checkpoint(vllm_setup.process_scratch("gptoss-mxfp4-"), preset="tiny-mxfp4", seed=0, tokenizer=False,
                         quantization="mxfp4")
 out = {}
 try:
