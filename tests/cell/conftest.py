@@ -38,7 +38,13 @@ def pytest_configure(config):
                                        "`nox -s tests` leaves out; the default run keeps a shorter case of it")
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook turns the xdist_group marks into node ids
 def pytest_collection_modifyitems(config, items):
+    # Every test of the shared `verify --simulate` run (fixture verify_simulate, ~60 s) goes to one xdist worker;
+    # one test without the mark used to start a second run on the other worker.
+    for item in items:
+        if "verify_simulate" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("verify"))
     if CELL is None:
         raise pytest.UsageError("tests/cell runs inside a matrix cell: use `nox -s cell-<release>` "
                                 "(GPTOSS_CELL is not set)")
@@ -74,8 +80,8 @@ def verify_simulate():
 
     Shared by test_main_job (its ``main_job`` part), test_activation (status and children: what ``verify --json``
     reports, since the cell already simulates the NPU; ``--simulate`` adds the main job only) and test_selftest (its
-    ``selftest`` part). These tests carry the ``xdist_group("verify")`` mark, so under ``pytest -n`` one worker runs
-    it once."""
+    ``selftest`` part). ``pytest_collection_modifyitems`` gives every test that uses it the ``xdist_group("verify")``
+    mark, so under ``pytest -n --dist loadgroup`` one worker runs it once."""
     import json
 
     proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--simulate", "--selftest", "--json"],

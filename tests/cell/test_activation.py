@@ -198,7 +198,6 @@ def test_layer_without_sinks_gets_none_and_bad_sinks_are_rejected_naming_the_lay
                                           sinks=torch.zeros(8, dtype=torch.int32))
 
 
-@pytest.mark.xdist_group("verify")
 def test_status_and_verify_json_agree(verify_simulate, fresh_child):
     # verify_simulate (conftest): the one `verify --simulate --json` run of the session - in a cell, `--simulate`
     # only adds the main job to what `verify --json` reports (the NPU is simulated process-wide already)

@@ -95,7 +95,6 @@ def _result(proc, tag):
     raise AssertionError(f"no {tag} (rc {proc.returncode}): {proc.stderr[-3000:]}")
 
 
-@pytest.mark.xdist_group("verify")
 def test_verify_simulate_runs_the_main_job_and_every_token_matches(layout, verify_simulate):
     proc, report = verify_simulate  # conftest: one verify --simulate --json run, shared with test_activation
     for mode, job in report.get("main_job", {}).items():  # the measured numbers (shown by pytest -rA)

@@ -18,7 +18,6 @@ EXPECTED |= {"moe/swigluoai_biases/120b_tp8_rank/unpadded_360_nd", "moe/swigluoa
              "yarn/cos_sin_cache/truncate_false"}
 
 
-@pytest.mark.xdist_group("verify")
 def test_verify_simulate_selftest_passes_every_case(verify_simulate):
     proc, report = verify_simulate  # conftest: the one `verify --simulate --selftest --json` run of the session
     st = report["selftest"]
