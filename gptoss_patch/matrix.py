@@ -209,6 +209,8 @@ CAPABILITIES: dict[str, str] = {
     "checkpoint_mxfp4": "loading an official MXFP4 GPT-OSS checkpoint (experts dequantized to BF16 while loading)",
     "atlas_310p": "Atlas 300I Duo (310P) attention",
     "paged_attention_shapes": "additional_config.pa_shape_list under FULL_DECODE_ONLY graphs",
+    "context_parallel": "attention under prefill / decode context parallelism (--prefill-context-parallel-size, "
+                        "--decode-context-parallel-size > 1)",
 }
 
 NATIVE = "native"
@@ -251,6 +253,17 @@ _C_PA_SHAPES = Cap(REFUSED, "with additional_config.pa_shape_list, FULL_DECODE_O
                             "GPT-OSS's full-attention layers through _npu_paged_attention, which has no sinks "
                             "(forward_impl checks the window, not the sinks; every release up to 0.30.0rc2); "
                             "remove pa_shape_list")
+#: Context parallelism (docs/upstream.md §4.13): with prefill or decode context parallelism (pcp / dcp > 1)
+#: vllm-ascend's attention backend hands out its context-parallel impl (``attention_v1.py`` ``get_impl_cls``), which
+#: never mentions sinks; vLLM's own check (``check_attention_cp_compatibility``) asks for the LSE only.
+_C_CP = Cap(REFUSED, "with pcp or dcp > 1 the layers run AscendAttentionCPImpl, whose own forward_impl has no sinks "
+                     "(attention/context_parallel/attention_cp.py, 0.12.0rc1-0.24.0rc1); serve without "
+                     "--prefill-context-parallel-size / --decode-context-parallel-size")
+_C_CP_025 = Cap(REFUSED, "with dcp > 1 the layers run AscendAttentionDCPImpl, whose own forward_impl has no sinks; "
+                         "the PCP paths of the main impl were not checked against sinks (0.25.1rc1-0.30.0rc2); serve "
+                         "without --prefill-context-parallel-size / --decode-context-parallel-size")
+_C_CP_011 = Cap(REFUSED, "vllm-ascend 0.11 has no context-parallel attention for GPT-OSS's layers; serve without "
+                         "--decode-context-parallel-size")
 _C_GRAPH_NATIVE = Cap(NATIVE, "captured with learnable_sink since PR #9165 (full_graph_fia_v2)")
 _C_BF16_024 = Cap(REFUSED, "vLLM 0.24.0 keeps experts under routed_experts without the BF16 name remap (vLLM #45818, "
                            "first in 0.25.1) and vllm-ascend 0.24.0rc1 dropped its alias: a BF16 GPT-OSS checkpoint "
@@ -273,7 +286,7 @@ _C_BF16_EP_011 = Cap(PATCHED, "vLLM 0.11.0's GptOssModel.load_weights calls _loa
                               "put back in order (vLLM 0.12.0 fixed the signature)")
 
 
-def _patched_caps(p310: Cap = _C_310P, bf16: Cap = Cap(NATIVE)) -> dict[str, Cap]:
+def _patched_caps(p310: Cap = _C_310P, bf16: Cap = Cap(NATIVE), cp: Cap = _C_CP) -> dict[str, Cap]:
     """Capabilities of an *apply* row of layouts B-F (vllm-ascend 0.11-0.14)."""
     return {
         "attention": Cap(PATCHED, "sinks dropped and the window honoured in one path only upstream"),
@@ -286,6 +299,7 @@ def _patched_caps(p310: Cap = _C_310P, bf16: Cap = Cap(NATIVE)) -> dict[str, Cap
         "checkpoint_mxfp4": _C_MXFP4,
         "atlas_310p": p310,
         "paged_attention_shapes": Cap(PATCHED, "sink and window layers take our attention path in every state"),
+        "context_parallel": cp,
     }
 
 
@@ -302,6 +316,7 @@ def _native_caps(**changes: Cap) -> dict[str, Cap]:
         "checkpoint_mxfp4": _C_MXFP4,
         "atlas_310p": _C_310P,
         "paged_attention_shapes": _C_PA_SHAPES,
+        "context_parallel": _C_CP,
     }
     caps.update(changes)
     return caps
@@ -355,15 +370,15 @@ ROWS: tuple[Row, ...] = (
         "different architecture (Attention class replaced wholesale, MoE method monkey-patched onto vLLM's)"),
     Row("0.11.0rc1", "0.11.0", "2.7.1", "2.7.1", "8.3.RC1", APPLY, "B", False,
         "same layout as 0.11.0 (every target passes the structural check, read from the wheel)",
-        _patched_caps(bf16=_C_BF16_EP_011)),
+        _patched_caps(bf16=_C_BF16_EP_011, cp=_C_CP_011)),
     Row("0.11.0rc2", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", False,
         "same layout as 0.11.0 (every target passes the structural check, read from the wheel)",
-        _patched_caps(bf16=_C_BF16_EP_011)),
+        _patched_caps(bf16=_C_BF16_EP_011, cp=_C_CP_011)),
     Row("0.11.0rc3", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", False,
         "same layout as 0.11.0 (every target passes the structural check, read from the wheel)",
-        _patched_caps(bf16=_C_BF16_EP_011)),
+        _patched_caps(bf16=_C_BF16_EP_011, cp=_C_CP_011)),
     Row("0.11.0", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", True,
-        "GPT-OSS patches applied (see verify for the list)", _patched_caps(bf16=_C_BF16_EP_011)),
+        "GPT-OSS patches applied (see verify for the list)", _patched_caps(bf16=_C_BF16_EP_011, cp=_C_CP_011)),
     Row("0.12.0rc1", "0.12.0", "2.8.0", "2.8.0", "8.3.RC2", APPLY, "C", True,
         "GPT-OSS patches applied (see verify for the list)", _patched_caps()),
     Row("0.13.0rc1", "0.13.0", "2.8.0", "2.8.0", "8.3.RC2", APPLY, "E", False,
@@ -400,7 +415,9 @@ ROWS: tuple[Row, ...] = (
         _native_caps()),
     *(Row(va, vv, "2.10.0", npu, cann, STAND_DOWN, None, False, note,
           _native_caps(**{"attention_graph": _C_GRAPH_NATIVE,
-                          "checkpoint_mxfp4": _C_MXFP4_UNCHECKED, **changes}))
+                          "checkpoint_mxfp4": _C_MXFP4_UNCHECKED,
+                          "context_parallel": _C_CP_025 if Version(va) >= Version("0.25.1rc1") else _C_CP,
+                          **changes}))
       for va, vv, npu, cann, note, changes in (
           ("0.20.2rc1", "0.20.2", "2.10.0", "9.0.0", "native; graphs keep the sinks (PR #9165)", {}),
           ("0.21.0rc1", "0.21.0", "2.10.0", "9.0.0", "native (judged from the wheel: its sdist differs)", {}),

@@ -151,6 +151,18 @@ def _full_decode_graphs(vllm_config: Any) -> str | None:
     return mode.name if getattr(decode, "name", None) == "FULL" else None
 
 
+def _context_parallel(vllm_config: Any) -> str | None:
+    """``"prefill_context_parallel_size N, decode_context_parallel_size M"`` (the sizes above 1) when the
+    configuration runs context parallelism - vllm-ascend's ``enable_cp()`` then hands the attention layers
+    ``AscendAttentionCPImpl`` (vllm_ascend 0.12.0rc1+ ``attention/attention_v1.py`` ``get_impl_cls``) - else ``None``.
+    vLLM's ``ParallelConfig`` fields; a vLLM without one counts it as 1."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    sizes = [(name, getattr(parallel, name, 1) or 1) for name in ("prefill_context_parallel_size",
+                                                                  "decode_context_parallel_size")]
+    used = [f"{name} {size}" for name, size in sizes if isinstance(size, int) and size > 1]
+    return ", ".join(used) or None
+
+
 def _pa_shapes(vllm_config: Any) -> list:
     """vllm-ascend's ``additional_config.pa_shape_list`` (decode sizes that take ``_npu_paged_attention`` under
     FULL_DECODE_ONLY, ``vllm_ascend/attention/utils.py`` ``using_paged_attention``); empty when unset."""
@@ -185,6 +197,7 @@ def refused_in_use(capabilities: dict, vllm_config: Any) -> list[str]:
         "paged_attention_shapes": lambda: (f"pa_shape_list {_pa_shapes(vllm_config)} with cudagraph_mode "
                                            f"{_full_decode_graphs(vllm_config)}"
                                            if _pa_shapes(vllm_config) and _full_decode_graphs(vllm_config) else None),
+        "context_parallel": lambda: _context_parallel(vllm_config),
     }
     lines = []
     for name, cap in capabilities.items():

@@ -122,3 +122,37 @@ def test_a_wrong_shaped_checkpoint_tensor_is_named_before_loading(tmp_path):
     result = _result(proc, "GUARD-RESULT")
     assert result.startswith("GptOssCheckpointError"), result
     assert "model.layers.0.self_attn.sinks: shape [8, 1], expected [8]" in result
+
+
+CONTEXT_PARALLEL = """
+import json, sys
+from gptoss_patch.testing import npu_sim
+npu_sim.install()
+import gptoss_patch
+from gptoss_patch.patches import guard
+from gptoss_patch.testing import vllm_setup
+from gptoss_patch.testing.tiny import write_checkpoint
+ckpt = write_checkpoint(sys.argv[1], preset="tiny", seed=0, tokenizer=False)
+out = {}
+for label, extra in (("tp2", {}), ("tp2_dcp2", {"decode_context_parallel_size": 2})):
+    conf = vllm_setup.engine_config(ckpt, tensor_parallel_size=2, **extra)
+    try:
+        guard.check_capabilities(gptoss_patch.status(), conf)  # what the guard runs before GptOssForCausalLM builds
+        out[label] = "passes"
+    except guard.GptOssNotPatchedError as exc:
+        out[label] = str(exc)
+print("CP-RESULT " + json.dumps(out))
+"""
+
+
+def test_context_parallelism_is_refused_before_the_build(tmp_path):
+    """``--decode-context-parallel-size 2`` with TP 2 (a real ``VllmConfig`` of this cell's vLLM): the layers would run
+    vllm-ascend's context-parallel attention impl (0.12+: ``AscendAttentionCPImpl``, its own ``forward_impl`` without
+    sinks, so our wrapper never runs; 0.11: none at all), and the guard refuses naming the setting. TP 2 alone passes."""
+    proc = subprocess.run([sys.executable, "-c", CONTEXT_PARALLEL, str(tmp_path / "ckpt")], capture_output=True,
+                          text=True, timeout=900, env=_env())
+    out = json.loads(_result(proc, "CP-RESULT"))
+    assert out["tp2"] == "passes"
+    assert out["tp2_dcp2"].startswith("refusing to build a GPT-OSS model"), out
+    assert "refused: context_parallel" in out["tp2_dcp2"]
+    assert "(in use: decode_context_parallel_size 2)" in out["tp2_dcp2"]

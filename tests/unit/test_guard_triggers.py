@@ -19,10 +19,12 @@ def caps(release):
     return {name: {"state": cap.state, "note": cap.note} for name, cap in row.caps.items()}
 
 
-def config(mode="PIECEWISE", quantization=None, eager=False, pa=None):
+def config(mode="PIECEWISE", quantization=None, eager=False, pa=None, pcp=1, dcp=1):
     return SimpleNamespace(model_config=SimpleNamespace(quantization=quantization, enforce_eager=eager),
                            compilation_config=SimpleNamespace(cudagraph_mode=mode),
-                           additional_config={"pa_shape_list": pa} if pa else {}, quant_config=None)
+                           additional_config={"pa_shape_list": pa} if pa else {}, quant_config=None,
+                           parallel_config=SimpleNamespace(prefill_context_parallel_size=pcp,
+                                                           decode_context_parallel_size=dcp))
 
 
 def names(lines):
@@ -49,3 +51,20 @@ def test_a_quantized_checkpoint_is_refused_and_bf16_only_on_024():
     assert names(refused_in_use(caps("0.19.1rc1"), config(quantization="mxfp4"))) == ["quantized_moe"]
     assert names(refused_in_use(caps("0.24.0rc1"), config())) == ["checkpoint_bf16"]
     assert refused_in_use(caps("0.23.0"), config()) == []
+
+
+@pytest.mark.parametrize("release", ["0.11.0", "0.14.0rc1", "0.18.0", "0.19.1rc1", "0.30.0rc2"])
+def test_context_parallelism_is_refused_on_every_release(release):
+    """AscendAttentionCPImpl has no sinks in any release (0.11 has no context-parallel attention): refused wherever
+    pcp or dcp > 1, named with the sizes in use; not at size 1."""
+    lines = refused_in_use(caps(release), config(dcp=2))
+    assert names(lines) == ["context_parallel"] and lines[0].endswith("(in use: decode_context_parallel_size 2)")
+    lines = refused_in_use(caps(release), config(pcp=2, dcp=4))
+    assert lines[0].endswith("(in use: prefill_context_parallel_size 2, decode_context_parallel_size 4)")
+    assert refused_in_use(caps(release), config()) == []
+
+
+def test_a_vllm_without_the_context_parallel_fields_counts_them_as_1():
+    cfg = config()
+    cfg.parallel_config = SimpleNamespace()  # e.g. vLLM 0.11's ParallelConfig has no prefill_context_parallel_size
+    assert refused_in_use(caps("0.11.0"), cfg) == []

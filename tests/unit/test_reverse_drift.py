@@ -100,6 +100,17 @@ def pa_shapes_drop_sinks(tree: Path) -> bool:
     return "using_paged_attention(" in body and "self.sinks is None" not in body
 
 
+def cp_no_sinks(tree: Path) -> bool:
+    """With context parallelism the backend hands out a context-parallel impl with its own ``forward_impl``
+    (``AscendAttentionCPImpl``; ``AscendAttentionDCPImpl`` from 0.25.1rc1) from a file that never mentions sinks."""
+    backend = _text(tree, "vllm_ascend/attention/attention_v1.py")
+    impl = _text(tree, "vllm_ascend/attention/context_parallel/attention_cp.py")
+    selected = re.search(r"if enable_d?cp\(\):\s+from vllm_ascend\.attention\.context_parallel\.attention_cp "
+                         r"import (AscendAttentionD?CPImpl)", backend)
+    return bool(selected) and f"class {selected.group(1)}(" in impl and "def forward_impl(" in impl \
+        and "sink" not in impl
+
+
 #: defect check -> (capability, the row's capability states under which the defect must be present)
 DEFECTS = {
     "graph_drops_sinks": (graph_drops_sinks, "attention_graph", lambda cap: cap.state == matrix.REFUSED),
@@ -109,6 +120,7 @@ DEFECTS = {
     "quant_moe_wrong": (quant_moe_wrong, "quantized_moe", lambda cap: cap.state == matrix.REFUSED),
     "p310_no_sinks": (p310_no_sinks, "atlas_310p", lambda cap: cap.state == matrix.REFUSED),
     "pa_shapes_drop_sinks": (pa_shapes_drop_sinks, "paged_attention_shapes", lambda cap: cap.state == matrix.REFUSED),
+    "cp_no_sinks": (cp_no_sinks, "context_parallel", lambda cap: cap.state == matrix.REFUSED),
 }
 
 

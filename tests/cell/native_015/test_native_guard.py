@@ -1,6 +1,7 @@
 """On a natively supporting release the guard still refuses, at start-up, what the release gets wrong for GPT-OSS:
 FULL_DECODE_ONLY graphs where the graph path drops the sinks (0.15.0rc1 ... 0.19.1rc1; PR #9165 in 0.20.2rc1), and
-decode sizes listed in ``additional_config.pa_shape_list`` (every release). The same model under PIECEWISE builds.
+decode sizes listed in ``additional_config.pa_shape_list`` (every release), and context parallelism (every release).
+The same model under PIECEWISE builds.
 
 Decision (issue "No vllm-ascend release serves GPT-OSS garbage"): refuse instead of patching upstream's native graph
 path: the fix differs per release (0.15-0.16 read ``forward_context.capturing``, 0.17+ ``_EXTRA_CTX``), PIECEWISE is
@@ -10,6 +11,8 @@ the mode the seed deployment and vllm-ascend's GPT-OSS tutorial use, and upgradi
 import json
 import subprocess
 import sys
+
+import pytest
 
 from gptoss_patch import matrix
 
@@ -22,8 +25,12 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.models.gpt_oss import GptOssForCausalLM
 out = {}
 for label, extra in json.loads(sys.argv[1]).items():
-    conf = EngineArgs(model=ckpt, dtype="float32", max_model_len=1024, skip_tokenizer_init=True,
-                      block_size=n.BLOCK_SIZE, **extra).create_engine_config()
+    try:
+        conf = EngineArgs(model=ckpt, dtype="float32", max_model_len=1024, skip_tokenizer_init=True,
+                          block_size=n.BLOCK_SIZE, **extra).create_engine_config()
+    except Exception as exc:  # vLLM's own validation of the configuration
+        out[label] = {"mode": None, "result": "config " + type(exc).__name__ + ": " + str(exc)}
+        continue
     mode = conf.compilation_config.cudagraph_mode
     with set_current_vllm_config(conf):
         try:
@@ -31,6 +38,17 @@ for label, extra in json.loads(sys.argv[1]).items():
             out[label] = {"mode": mode.name, "result": "built"}
         except Exception as exc:
             out[label] = {"mode": mode.name, "result": type(exc).__name__ + ": " + str(exc)}
+        # what the release's attention backend would hand GPT-OSS's layers under this configuration; enable_cp /
+        # enable_dcp are lru_cached once per process (one configuration per serving process): forget the last one
+        import inspect
+        import vllm_ascend.attention.utils as attention_utils
+        for name in ("enable_cp", "enable_dcp"):
+            getattr(getattr(attention_utils, name, None), "cache_clear", lambda: None)()
+        from vllm_ascend.attention.attention_v1 import AscendAttentionBackend
+        impl = AscendAttentionBackend.get_impl_cls()
+        out[label]["impl"] = impl.__qualname__
+        out[label]["impl_mentions_sinks"] = "sink" in inspect.getsource(inspect.getmodule(impl))
+        out[label]["impl_overrides_forward_impl"] = "forward_impl" in impl.__dict__
 print("GUARD-RESULT " + json.dumps(out))
 """
 
@@ -39,10 +57,16 @@ CONFIGS = {
     "piecewise": {"compilation_config": {"cudagraph_mode": "PIECEWISE"}},
     "pa_shape_list": {"compilation_config": {"cudagraph_mode": "FULL_DECODE_ONLY"},
                       "additional_config": {"pa_shape_list": [1, 2]}},
+    # decode context parallelism across the two TP ranks (vLLM: tp % dcp == 0): refused before the build, so the
+    # TP-1 world of this process never has to hold a TP-2 model
+    "decode_context_parallel": {"compilation_config": {"cudagraph_mode": "PIECEWISE"}, "tensor_parallel_size": 2,
+                                "decode_context_parallel_size": 2},
 }
 
 
-def _run():
+@pytest.fixture(scope="module")
+def built():
+    """``BUILD`` over every configuration of ``CONFIGS``, in one fresh interpreter, for the tests of this module."""
     proc = subprocess.run([sys.executable, "-c", BUILD, json.dumps(CONFIGS)], capture_output=True, text=True,
                           timeout=900)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("GUARD-RESULT ")), None)
@@ -50,11 +74,11 @@ def _run():
     return json.loads(line[len("GUARD-RESULT "):])
 
 
-def test_full_decode_graphs_are_refused_at_start_up_where_they_drop_the_sinks(cell):
+def test_full_decode_graphs_are_refused_at_start_up_where_they_drop_the_sinks(cell, built):
     row = next(r for r in matrix.ROWS if r.vllm_ascend == cell)
-    out = _run()
+    out = built
     print(out)
-    assert out["piecewise"] == {"mode": "PIECEWISE", "result": "built"}
+    assert (out["piecewise"]["mode"], out["piecewise"]["result"]) == ("PIECEWISE", "built")
     full = out["full_decode_only"]
     assert full["mode"] == "FULL_DECODE_ONLY"
     if row.caps["attention_graph"].state == matrix.REFUSED:
@@ -66,3 +90,18 @@ def test_full_decode_graphs_are_refused_at_start_up_where_they_drop_the_sinks(ce
     shapes = out["pa_shape_list"]
     assert shapes["result"].startswith("GptOssNotPatchedError") and "refused: paged_attention_shapes" in shapes["result"]
     assert "(in use: pa_shape_list [1, 2] with cudagraph_mode FULL_DECODE_ONLY)" in shapes["result"]
+
+
+def test_context_parallelism_is_refused_at_start_up(built):
+    """``--decode-context-parallel-size 2``: the layers would run vllm-ascend's context-parallel attention impl, which
+    has no sinks in any release (docs/upstream.md §4.13); the guard refuses before the build, naming the setting."""
+    out = built["decode_context_parallel"]
+    print(out)
+    assert out["result"].startswith("GptOssNotPatchedError: refusing to build a GPT-OSS model"), out
+    assert "refused: context_parallel" in out["result"]
+    assert "(in use: decode_context_parallel_size 2)" in out["result"]
+    # what would run without the refusal: the release's context-parallel impl, its own forward_impl, no sinks
+    assert out["impl"] in ("AscendAttentionCPImpl", "AscendAttentionDCPImpl")
+    assert out["impl_overrides_forward_impl"] and not out["impl_mentions_sinks"]
+    piecewise = built["piecewise"]
+    assert piecewise["impl"] == "AscendAttentionBackendImpl" and piecewise["impl_mentions_sinks"]

@@ -1,0 +1,128 @@
+"""The test ids each nox session of ``nox -s tests`` runs, per cell, at this checkout or at another revision, and the
+difference between two such lists: the evidence that making CI cheaper did not make it prove less (issue "the test
+matrix doubles and still fits").
+
+    python3 scripts/test_ids.py --out /tmp/ids-now                     # this checkout
+    python3 scripts/test_ids.py --rev 3816a21^ --out /tmp/ids-before   # a git worktree of that revision
+    python3 scripts/test_ids.py --diff /tmp/ids-before /tmp/ids-now    # per session: kept / dropped / added
+
+Collection only (``pytest --collect-only -q``, nothing runs), in the cached venvs that ``nox`` built
+(``GPTOSS_PATCH_VENV_CACHE``, default ``~/.cache/gptoss-patch/venvs``; run ``nox -s tests`` once first). Each
+session's paths and marker expression come from the revision's own ``noxfile.py`` (``CELLS[release]["tests"]``; the
+``not soak`` expression where that revision has the ``soak`` marker), and the revision's tree is put first on
+``sys.path`` so its tests collect against its own ``gptoss_patch``. A session whose venv is missing is reported, not
+guessed. Output: one ``<session>.txt`` per session (sorted node ids) and the counts on stdout.
+
+Errors: exits 2 naming the revision when ``git worktree add`` fails, or the session whose collection failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+VENVS = Path(os.environ.get("GPTOSS_PATCH_VENV_CACHE", Path.home() / ".cache" / "gptoss-patch" / "venvs"))
+
+#: Printed by a child interpreter inside the revision's tree: {session: [pytest args]} and whether it has "soak".
+_SPEC = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import noxfile
+from gptoss_patch import matrix
+tested = [r.vllm_ascend for r in matrix.ROWS if r.tested]
+spec = {"unit": ["tests/unit"]}
+spec.update({f"cell-{r}": list(noxfile.CELLS[r]["tests"]) for r in tested})
+print(json.dumps({"sessions": spec, "soak": "soak" in open(sys.argv[1] + "/noxfile.py").read()}))
+"""
+
+
+def _venv_python(session: str) -> Path | None:
+    """The newest complete cached venv of ``session`` (``cell-0.11.0`` -> ``cell-0.11.0-<key>``)."""
+    found = sorted((p for p in VENVS.glob(f"{session}-*") if (p / ".complete").exists()
+                    and p.name[len(session) + 1:].isalnum()), key=lambda p: (p / ".complete").stat().st_mtime)
+    return found[-1] / "bin" / "python" if found else None
+
+
+def collect(tree: Path, out: Path, only: list[str] | None = None) -> dict[str, int]:
+    """Collect the test ids of every session of ``tree`` (or of the sessions named in ``only``) into
+    ``out/<session>.txt``; returns ``{session: count}``."""
+    spec = json.loads(subprocess.run([sys.executable, "-c", _SPEC, str(tree)], capture_output=True, text=True,
+                                     check=True, cwd=tree).stdout)
+    out.mkdir(parents=True, exist_ok=True)
+    counts: dict[str, int] = {}
+    for session, paths in spec["sessions"].items():
+        if only and session not in only:
+            continue
+        py = _venv_python(session)
+        if py is None:
+            print(f"{session:<18} no cached venv under {VENVS}: run `nox -s {session}` first", file=sys.stderr)
+            continue
+        marks = "not upstream and not soak" if session == "unit" else "not soak"
+        if not spec["soak"]:
+            marks = "not upstream" if session == "unit" else ""
+        env = dict(os.environ, PYTHONPATH=str(tree), GPTOSS_CELL=session.removeprefix("cell-"))
+        if session == "unit":
+            env.pop("GPTOSS_CELL")
+        args = [str(py), "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *paths]
+        if marks:
+            args += ["-m", marks]
+        proc = subprocess.run(args, capture_output=True, text=True, cwd=tree, env=env)
+        ids = sorted(line for line in proc.stdout.splitlines() if "::" in line)
+        if proc.returncode != 0 or not ids:
+            print(f"{session}: collection failed (exit {proc.returncode}):\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}",
+                  file=sys.stderr)
+            raise SystemExit(2)
+        (out / f"{session}.txt").write_text("\n".join(ids) + "\n")
+        counts[session] = len(ids)
+        print(f"{session:<18} {len(ids):4d} tests")
+    return counts
+
+
+def diff(before: Path, after: Path) -> None:
+    """Print per session: tests kept, dropped (in ``before`` only) and added (in ``after`` only), dropped ids in
+    full."""
+    for name in sorted({p.stem for p in before.glob("*.txt")} | {p.stem for p in after.glob("*.txt")}):
+        old = set((before / f"{name}.txt").read_text().split()) if (before / f"{name}.txt").exists() else set()
+        new = set((after / f"{name}.txt").read_text().split()) if (after / f"{name}.txt").exists() else set()
+        print(f"{name:<18} before {len(old):4d}  after {len(new):4d}  kept {len(old & new):4d}  "
+              f"dropped {len(old - new):3d}  added {len(new - old):3d}")
+        for test_id in sorted(old - new):
+            print(f"    dropped: {test_id}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rev", help="a git revision of this repository (default: the checkout itself)")
+    ap.add_argument("--out", type=Path, help="directory for the <session>.txt lists")
+    ap.add_argument("--only", nargs="+", metavar="SESSION", help="these sessions only (unit, cell-0.11.0, ...)")
+    ap.add_argument("--diff", nargs=2, type=Path, metavar=("BEFORE", "AFTER"), help="compare two --out directories")
+    args = ap.parse_args()
+    if args.diff:
+        diff(*args.diff)
+        return
+    if args.out is None:
+        ap.error("--out DIR is required (or --diff BEFORE AFTER)")
+    if args.rev is None:
+        collect(ROOT, args.out, args.only)
+        return
+    with tempfile.TemporaryDirectory(prefix="gptoss-test-ids-") as tmp:
+        tree = Path(tmp) / "tree"
+        add = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), args.rev],
+                             capture_output=True, text=True)
+        if add.returncode != 0:
+            print(f"git worktree add {args.rev!r} failed: {add.stderr.strip()}", file=sys.stderr)
+            raise SystemExit(2)
+        try:
+            collect(tree, args.out, args.only)
+        finally:
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)], check=False)
+
+
+if __name__ == "__main__":
+    main()
