@@ -257,8 +257,8 @@ _C_PA_SHAPES = Cap(REFUSED, "with additional_config.pa_shape_list, FULL_DECODE_O
 #: vllm-ascend's attention backend hands out its context-parallel impl (``attention_v1.py`` ``get_impl_cls``), which
 #: never mentions sinks; vLLM's own check (``check_attention_cp_compatibility``) asks for the LSE only.
 _C_CP = Cap(REFUSED, "with pcp or dcp > 1 the layers run AscendAttentionCPImpl, whose own forward_impl has no sinks "
-                     "(attention/context_parallel/attention_cp.py, 0.12.0rc1-0.24.0rc1); serve without "
-                     "--prefill-context-parallel-size / --decode-context-parallel-size")
+                     "(attention_cp.py, 0.12.0rc1-0.24.0rc1); serve without --prefill-context-parallel-size / "
+                     "--decode-context-parallel-size")
 _C_CP_025 = Cap(REFUSED, "with dcp > 1 the layers run AscendAttentionDCPImpl, whose own forward_impl has no sinks; "
                          "the PCP paths of the main impl were not checked against sinks (0.25.1rc1-0.30.0rc2); serve "
                          "without --prefill-context-parallel-size / --decode-context-parallel-size")

@@ -8,9 +8,10 @@ matrix doubles and still fits").
 
 Collection only (``pytest --collect-only -q``, nothing runs), in the cached venvs that ``nox`` built
 (``GPTOSS_PATCH_VENV_CACHE``, default ``~/.cache/gptoss-patch/venvs``; run ``nox -s tests`` once first). Each
-session's paths and marker expression come from the revision's own ``noxfile.py`` (``CELLS[release]["tests"]``; the
-``not soak`` expression where that revision has the ``soak`` marker), and the revision's tree is put first on
-``sys.path`` so its tests collect against its own ``gptoss_patch``. A session whose venv is missing is reported, not
+session's paths come from the revision's own ``noxfile.py`` (``CELLS[release]["tests"]``, and the 0.11.0 cell's
+``unit_upstream`` run as a session of its own); the marker expression is the one ``nox -s tests`` uses (``not soak``
+where that revision's noxfile has the ``soak`` marker, ``not upstream`` for the unit session). The revision's tree
+is put first on ``sys.path`` so its tests collect against its own ``gptoss_patch``. A session whose venv is missing is reported, not
 guessed. Output: one ``<session>.txt`` per session (sorted node ids) and the counts on stdout.
 
 Errors: exits 2 naming the revision when ``git worktree add`` fails, or the session whose collection failed.
@@ -36,14 +37,18 @@ sys.path.insert(0, sys.argv[1])
 import noxfile
 from gptoss_patch import matrix
 tested = [r.vllm_ascend for r in matrix.ROWS if r.tested]
-spec = {"unit": ["tests/unit"]}
-spec.update({f"cell-{r}": list(noxfile.CELLS[r]["tests"]) for r in tested})
+spec = {"unit": (None, ["tests/unit"])}
+for r in tested:
+    spec[f"cell-{r}"] = (r, list(noxfile.CELLS[r]["tests"]))
+    if "unit_upstream" in noxfile.CELLS[r]:  # the unit tests marked upstream, run in that cell's venv
+        spec[f"cell-{r}-unit-upstream"] = (r, list(noxfile.CELLS[r]["unit_upstream"]))
 print(json.dumps({"sessions": spec, "soak": "soak" in open(sys.argv[1] + "/noxfile.py").read()}))
 """
 
 
 def _venv_python(session: str) -> Path | None:
-    """The newest complete cached venv of ``session`` (``cell-0.11.0`` -> ``cell-0.11.0-<key>``)."""
+    """The newest complete cached venv of ``session`` (``cell-0.11.0`` -> ``cell-0.11.0-<key>``): collection needs the
+    cell's vLLM / vllm-ascend, not the exact venv key of the revision's noxfile."""
     found = sorted((p for p in VENVS.glob(f"{session}-*") if (p / ".complete").exists()
                     and p.name[len(session) + 1:].isalnum()), key=lambda p: (p / ".complete").stat().st_mtime)
     return found[-1] / "bin" / "python" if found else None
@@ -52,23 +57,30 @@ def _venv_python(session: str) -> Path | None:
 def collect(tree: Path, out: Path, only: list[str] | None = None) -> dict[str, int]:
     """Collect the test ids of every session of ``tree`` (or of the sessions named in ``only``) into
     ``out/<session>.txt``; returns ``{session: count}``."""
-    spec = json.loads(subprocess.run([sys.executable, "-c", _SPEC, str(tree)], capture_output=True, text=True,
-                                     check=True, cwd=tree).stdout)
+    proc = subprocess.run([sys.executable, "-c", _SPEC, str(tree)], capture_output=True, text=True, cwd=tree)
+    if proc.returncode != 0:  # e.g. no `nox` beside this python (the noxfile imports it)
+        print(f"reading {tree}/noxfile.py failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+        raise SystemExit(2)
+    spec = json.loads(proc.stdout)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob("*.txt"):  # a reused directory: only this run's lists
+        stale.unlink()
     counts: dict[str, int] = {}
-    for session, paths in spec["sessions"].items():
+    for session, (release, paths) in spec["sessions"].items():
         if only and session not in only:
             continue
-        py = _venv_python(session)
+        py = _venv_python("unit" if release is None else f"cell-{release}")
         if py is None:
             print(f"{session:<18} no cached venv under {VENVS}: run `nox -s {session}` first", file=sys.stderr)
             continue
-        marks = "not upstream and not soak" if session == "unit" else "not soak"
-        if not spec["soak"]:
-            marks = "not upstream" if session == "unit" else ""
-        env = dict(os.environ, PYTHONPATH=str(tree), GPTOSS_CELL=session.removeprefix("cell-"))
-        if session == "unit":
-            env.pop("GPTOSS_CELL")
+        # the marker expression nox -s tests uses (noxfile `unit` / `_cell`): soak sweeps left out where the revision
+        # has the marker, upstream-marked unit tests only in their own run
+        soak = " and not soak" if spec["soak"] else ""
+        marks = None if "-m" in paths else ("not upstream" + soak if release is None else soak.removeprefix(" and "))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GPTOSS_PATCH_")}  # as nox's _clean_env
+        env.update(PYTHONPATH=str(tree))
+        if release is not None:
+            env["GPTOSS_CELL"] = release
         args = [str(py), "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *paths]
         if marks:
             args += ["-m", marks]
@@ -88,8 +100,8 @@ def diff(before: Path, after: Path) -> None:
     """Print per session: tests kept, dropped (in ``before`` only) and added (in ``after`` only), dropped ids in
     full."""
     for name in sorted({p.stem for p in before.glob("*.txt")} | {p.stem for p in after.glob("*.txt")}):
-        old = set((before / f"{name}.txt").read_text().split()) if (before / f"{name}.txt").exists() else set()
-        new = set((after / f"{name}.txt").read_text().split()) if (after / f"{name}.txt").exists() else set()
+        old = set((before / f"{name}.txt").read_text().splitlines()) if (before / f"{name}.txt").exists() else set()
+        new = set((after / f"{name}.txt").read_text().splitlines()) if (after / f"{name}.txt").exists() else set()
         print(f"{name:<18} before {len(old):4d}  after {len(new):4d}  kept {len(old & new):4d}  "
               f"dropped {len(old - new):3d}  added {len(new - old):3d}")
         for test_id in sorted(old - new):

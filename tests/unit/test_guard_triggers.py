@@ -68,3 +68,9 @@ def test_a_vllm_without_the_context_parallel_fields_counts_them_as_1():
     cfg = config()
     cfg.parallel_config = SimpleNamespace()  # e.g. vLLM 0.11's ParallelConfig has no prefill_context_parallel_size
     assert refused_in_use(caps("0.11.0"), cfg) == []
+    cfg.parallel_config = SimpleNamespace(prefill_context_parallel_size=None, decode_context_parallel_size=None)
+    assert refused_in_use(caps("0.19.1rc1"), cfg) == []
+    cfg.parallel_config = None
+    assert refused_in_use(caps("0.19.1rc1"), cfg) == []
+    cfg.parallel_config = SimpleNamespace(decode_context_parallel_size=2)  # only the field this vLLM has
+    assert names(refused_in_use(caps("0.11.0"), cfg)) == ["context_parallel"]

@@ -107,8 +107,10 @@ def cp_no_sinks(tree: Path) -> bool:
     impl = _text(tree, "vllm_ascend/attention/context_parallel/attention_cp.py")
     selected = re.search(r"if enable_d?cp\(\):\s+from vllm_ascend\.attention\.context_parallel\.attention_cp "
                          r"import (AscendAttentionD?CPImpl)", backend)
-    return bool(selected) and f"class {selected.group(1)}(" in impl and "def forward_impl(" in impl \
-        and "sink" not in impl
+    if selected is None:
+        pytest.fail("the code moved: get_impl_cls no longer picks the context-parallel impl under enable_cp() / "
+                    "enable_dcp(); re-check the target and this check")
+    return f"class {selected.group(1)}(" in impl and "def forward_impl(" in impl and "sink" not in impl
 
 
 #: defect check -> (capability, the row's capability states under which the defect must be present)

@@ -16,6 +16,9 @@ import pytest
 
 from gptoss_patch import matrix
 
+#: Both tests read the one BUILD run of the module fixture: on one xdist worker, so it runs once.
+pytestmark = pytest.mark.xdist_group("native_guard")
+
 BUILD = """
 import json, sys
 from gptoss_patch.testing import native_015 as n
@@ -23,8 +26,18 @@ cfg, ckpt = n.vllm_context()
 from vllm.config import set_current_vllm_config
 from vllm.engine.arg_utils import EngineArgs
 from vllm.model_executor.models.gpt_oss import GptOssForCausalLM
+import vllm_ascend.attention.utils as attention_utils
+
+
+def forget_cp():
+    # enable_cp / enable_dcp are lru_cached once per process (one configuration per serving process)
+    for name in ("enable_cp", "enable_dcp"):
+        getattr(getattr(attention_utils, name, None), "cache_clear", lambda: None)()
+
+
 out = {}
 for label, extra in json.loads(sys.argv[1]).items():
+    forget_cp()
     try:
         conf = EngineArgs(model=ckpt, dtype="float32", max_model_len=1024, skip_tokenizer_init=True,
                           block_size=n.BLOCK_SIZE, **extra).create_engine_config()
@@ -38,12 +51,9 @@ for label, extra in json.loads(sys.argv[1]).items():
             out[label] = {"mode": mode.name, "result": "built"}
         except Exception as exc:
             out[label] = {"mode": mode.name, "result": type(exc).__name__ + ": " + str(exc)}
-        # what the release's attention backend would hand GPT-OSS's layers under this configuration; enable_cp /
-        # enable_dcp are lru_cached once per process (one configuration per serving process): forget the last one
+        # what the release's attention backend would hand GPT-OSS's layers under this configuration
         import inspect
-        import vllm_ascend.attention.utils as attention_utils
-        for name in ("enable_cp", "enable_dcp"):
-            getattr(getattr(attention_utils, name, None), "cache_clear", lambda: None)()
+        forget_cp()
         from vllm_ascend.attention.attention_v1 import AscendAttentionBackend
         impl = AscendAttentionBackend.get_impl_cls()
         out[label]["impl"] = impl.__qualname__
