@@ -394,7 +394,9 @@ def model_report(model_dir: str, tensor_parallel_size: int = 1) -> dict[str, Any
             "moe_intermediate_per_rank": lay.intermediate, "moe_padded_to": lay.padded, "moe_padding": applies}
 
 
-def _print_human(report: dict[str, Any]) -> None:
+def print_human(report: dict[str, Any]) -> None:
+    """Print ``report`` (:func:`collect`'s dict, or the same document read back from ``--json``) as the table that
+    ``python -m gptoss_patch.verify`` prints without ``--json``."""
     st = report["status"]
     v = st["versions"]
     print("gptoss-patch verify")
@@ -608,7 +610,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=2, default=str))
     else:
-        _print_human(report)
+        print_human(report)
     return 0 if report["ok"] else 1
 
 

@@ -36,6 +36,14 @@ NATIVE_DIR = Path(__file__).resolve().parent / "native_015"
 def pytest_configure(config):
     config.addinivalue_line("markers", "soak: a long sweep (many replay steps / examples) that `nox -s soak` runs and "
                                        "`nox -s tests` leaves out; the default run keeps a shorter case of it")
+    config.addinivalue_line("markers", "expensive(seconds): the test's rough cost on CI's machine (a `vllm serve` "
+                                       "start, a `verify` run with its children); scheduling only: such tests are "
+                                       "handed to the xdist workers first, longest first")
+
+
+def _cost(item) -> float:
+    mark = item.get_closest_marker("expensive")
+    return float(mark.args[0]) if mark else 0.0
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook turns the xdist_group marks into node ids
@@ -43,8 +51,13 @@ def pytest_collection_modifyitems(config, items):
     # Every test of the shared `verify --simulate` run (fixture verify_simulate, ~60 s) goes to one xdist worker;
     # one test without the mark used to start a second run on the other worker.
     for item in items:
-        if "verify_simulate" in getattr(item, "fixturenames", ()):
+        if "_verify_simulate_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("verify"))
+    # Longest first (list scheduling): pytest-xdist hands out the single tests in collection order, so a `vllm serve`
+    # test collected last ran alone at the end while the other worker sat idle (0.16.0rc1: 271 s wall for 405 s of
+    # tests). Stable: everything unmarked keeps its order, and no marked test uses a module-scoped fixture (moving
+    # one would set that fixture up twice on a worker).
+    items.sort(key=lambda i: -_cost(i))
     if CELL is None:
         raise pytest.UsageError("tests/cell runs inside a matrix cell: use `nox -s cell-<release>` "
                                 "(GPTOSS_CELL is not set)")
@@ -73,25 +86,50 @@ def layout():
     return ROW.layout
 
 
-@pytest.fixture(scope="session")
-def verify_simulate():
-    """``python -m gptoss_patch.verify --simulate --selftest --json``, run once per test process:
-    ``(CompletedProcess, report)``.
+#: Secrets set in the environment of the shared ``verify --simulate`` run: its ``--report`` file must not show them
+#: (test_selftest.py ``test_the_report_of_the_shared_run_shows_the_stack_and_no_secrets``).
+REPORT_SECRETS = {"VLLM_API_KEY": "sk-do-not-print-1234567890", "HF_TOKEN": "hf_do_not_print"}
 
-    Shared by test_main_job (its ``main_job`` part), test_activation (status and children: what ``verify --json``
-    reports, since the cell already simulates the NPU; ``--simulate`` adds the main job only) and test_selftest (its
-    ``selftest`` part). ``pytest_collection_modifyitems`` gives every test that uses it the ``xdist_group("verify")``
-    mark, so under ``pytest -n --dist loadgroup`` one worker runs it once."""
+
+@pytest.fixture(scope="session")
+def _verify_simulate_run(tmp_path_factory):
+    """``python -m gptoss_patch.verify --simulate --selftest --json --report FILE``, run once per test process (with
+    :data:`REPORT_SECRETS` and ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` in its environment):
+    ``(CompletedProcess, report, Markdown report text)``.
+
+    Raises:
+        AssertionError: verify printed no JSON document or wrote no report file."""
     import json
 
-    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--simulate", "--selftest", "--json"],
-                          capture_output=True, text=True, timeout=2400)
+    path = tmp_path_factory.mktemp("verify") / "report.md"
+    env = dict(os.environ, VLLM_WORKER_MULTIPROC_METHOD="spawn", **REPORT_SECRETS)
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--simulate", "--selftest", "--json",
+                           "--report", str(path)], capture_output=True, text=True, env=env, timeout=2400)
     try:
         report = json.loads(proc.stdout)
     except ValueError:
         raise AssertionError(f"verify --simulate --json printed no JSON (rc {proc.returncode}): "
                              f"{proc.stdout[-2000:]} {proc.stderr[-3000:]}") from None
-    return proc, report
+    assert path.is_file(), f"verify --report wrote no {path} (rc {proc.returncode}): {proc.stderr[-3000:]}"
+    return proc, report, path.read_text()
+
+
+@pytest.fixture(scope="session")
+def verify_simulate(_verify_simulate_run):
+    """``python -m gptoss_patch.verify --simulate --selftest --json`` (with ``--report``: :func:`verify_simulate_md`),
+    run once per test process: ``(CompletedProcess, report)``.
+
+    Shared by test_main_job (its ``main_job`` part), test_activation (status and children: what ``verify --json``
+    reports, since the cell already simulates the NPU; ``--simulate`` adds the main job only) and test_selftest (its
+    ``selftest`` part and the report file). ``pytest_collection_modifyitems`` gives every test that uses it the
+    ``xdist_group("verify")`` mark, so under ``pytest -n --dist loadgroup`` one worker runs it once."""
+    return _verify_simulate_run[:2]
+
+
+@pytest.fixture(scope="session")
+def verify_simulate_md(_verify_simulate_run):
+    """The Markdown ``--report`` file of the :func:`verify_simulate` run (``str``)."""
+    return _verify_simulate_run[2]
 
 
 def run_python(code: str, **env_overrides) -> subprocess.CompletedProcess:

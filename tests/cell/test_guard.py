@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from test_main_job import BUILD_MODEL, _env, _result
 
 #: What the 310P build of each vllm-ascend wheel ships in ``vllm_ascend/_build_info.py``: ``__soc_version__`` (0.11.x,
@@ -34,11 +35,10 @@ def test_gpt_oss_is_refused_before_the_build_on_an_atlas_310p(tmp_path, layout):
     assert "Atlas A2/A3" in result  # what to do
 
 
-def test_the_same_build_on_an_atlas_a2_is_not_refused(tmp_path):
+@pytest.mark.xdist_group("guard_child")
+def test_the_same_build_on_an_atlas_a2_is_not_refused(a2_child):
     """Negative control for the test above: the same script with the A2 SoC builds the model."""
-    proc = subprocess.run([sys.executable, "-c", BUILD_MODEL.format(prelude=""), str(tmp_path / "ckpt")],
-                          capture_output=True, text=True, timeout=900, env=_env(GPTOSS_PATCH_SIM_SOC_VERSION="220"))
-    assert _result(proc, "GUARD-RESULT") == "built"
+    assert _result(a2_child, "GUARD-RESULT") == "built"
 
 
 SUBCLASS_RUN = """
@@ -80,12 +80,11 @@ print("SUBCLASS-RESULT " + json.dumps(out))
 """
 
 
-def test_a_subclass_that_overrides_the_patched_method_is_named(layout):
+@pytest.mark.xdist_group("guard_child")
+def test_a_subclass_that_overrides_the_patched_method_is_named(layout, a2_child):
     """Any subclass of the patched impl class that overrides the patched method bypasses our wrapper: a third-party
     one in every layout, and on 0.14.0rc1 (layout F) vllm-ascend's own 310P impl. The base class is not named."""
-    proc = subprocess.run([sys.executable, "-c", SUBCLASS_RUN], capture_output=True, text=True, timeout=900,
-                          env=_env())
-    out = json.loads(_result(proc, "SUBCLASS-RESULT"))
+    out = json.loads(_result(a2_child, "SUBCLASS-RESULT"))
     assert out["state"] == "applied" and out["method"] == ("forward" if layout == "B" else "forward_impl")
     assert out["base"] == []
     assert len(out["third_party"]) == 1 and out["third_party"][0].startswith(f"{out['patch']}: layer attn runs ")
@@ -111,15 +110,11 @@ for shard in glob.glob(str(ckpt / "*.safetensors")):
 """
 
 
-def test_a_wrong_shaped_checkpoint_tensor_is_named_before_loading(tmp_path):
+@pytest.mark.xdist_group("guard_child")
+def test_a_wrong_shaped_checkpoint_tensor_is_named_before_loading(a2_child):
     """Sinks saved as ``[N, 1]``: the guard names the tensor, its shape and the expected one from the safetensors
     headers, instead of vLLM's broadcast error deep in the loader."""
-    script = BUILD_MODEL.replace("ckpt = write_checkpoint(sys.argv[1], preset=\"tiny\", seed=0, tokenizer=False)\n",
-                                 _RESHAPE_SINKS)
-    assert script != BUILD_MODEL
-    proc = subprocess.run([sys.executable, "-c", script.format(prelude=""), str(tmp_path / "ckpt")],
-                          capture_output=True, text=True, timeout=900, env=_env())
-    result = _result(proc, "GUARD-RESULT")
+    result = _result(a2_child, "RESHAPED-RESULT")
     assert result.startswith("GptOssCheckpointError"), result
     assert "model.layers.0.self_attn.sinks: shape [8, 1], expected [8]" in result
 
@@ -145,14 +140,36 @@ print("CP-RESULT " + json.dumps(out))
 """
 
 
-def test_context_parallelism_is_refused_before_the_build(tmp_path):
+@pytest.mark.xdist_group("guard_child")
+def test_context_parallelism_is_refused_before_the_build(a2_child):
     """``--decode-context-parallel-size 2`` with TP 2 (a real ``VllmConfig`` of this cell's vLLM): the layers would run
     vllm-ascend's context-parallel attention impl (0.12+: ``AscendAttentionCPImpl``, its own ``forward_impl`` without
     sinks, so our wrapper never runs; 0.11: none at all), and the guard refuses naming the setting. TP 2 alone passes."""
-    proc = subprocess.run([sys.executable, "-c", CONTEXT_PARALLEL, str(tmp_path / "ckpt")], capture_output=True,
-                          text=True, timeout=900, env=_env())
-    out = json.loads(_result(proc, "CP-RESULT"))
+    out = json.loads(_result(a2_child, "CP-RESULT"))
     assert out["tp2"] == "passes"
     assert out["tp2_dcp2"].startswith("refusing to build a GPT-OSS model"), out
     assert "refused: context_parallel" in out["tp2_dcp2"]
     assert "(in use: decode_context_parallel_size 2)" in out["tp2_dcp2"]
+
+
+def _in_dir(name: str, script: str) -> str:
+    """``script`` with its checkpoint directory (``sys.argv[1]``) set to ``<the child's argument>/<name>``."""
+    return f"sys.argv[1:] = [os.path.join(ROOT, {name!r})]\n" + script
+
+
+@pytest.fixture(scope="module")
+def a2_child(tmp_path_factory):
+    """One fresh interpreter (activation through the installed .pth only, the default Atlas A2 SoC) that runs, one
+    after the other and each with its own checkpoint directory, the A2 build (``GUARD-RESULT``), the subclass check
+    (``SUBCLASS-RESULT``), the build of a checkpoint with wrong-shaped sinks (``RESHAPED-RESULT``) and the
+    context-parallel configurations (``CP-RESULT``): four interpreter start-ups of ~12 s each become one. Each part
+    prints its own tagged line; the tests that use it carry ``xdist_group("guard_child")``, so one worker runs it once.
+    The Atlas 310P build keeps its own interpreter (its SoC and its ``_build_info`` differ)."""
+    reshaped = BUILD_MODEL.replace("ckpt = write_checkpoint(sys.argv[1], preset=\"tiny\", seed=0, tokenizer=False)\n",
+                                   _RESHAPE_SINKS).replace("GUARD-RESULT", "RESHAPED-RESULT")
+    assert reshaped.count("RESHAPED-RESULT") == 2 and "load_file" in reshaped
+    script = "\n".join(["import os, sys", "ROOT = sys.argv[1]",
+                        _in_dir("a2", BUILD_MODEL.format(prelude="")), _in_dir("subclass", SUBCLASS_RUN),
+                        _in_dir("reshaped", reshaped.format(prelude="")), _in_dir("cp", CONTEXT_PARALLEL)])
+    return subprocess.run([sys.executable, "-c", script, str(tmp_path_factory.mktemp("guard"))], capture_output=True,
+                          text=True, timeout=1200, env=_env(GPTOSS_PATCH_SIM_SOC_VERSION="220"))

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from gptoss_patch import matrix
 
 BUILD = """
@@ -45,6 +47,7 @@ def _result(proc, tag):
     raise AssertionError(f"no {tag} (rc {proc.returncode}): {proc.stderr[-3000:]}")
 
 
+@pytest.mark.expensive(28)
 def test_main_job_on_an_mxfp4_checkpoint_matches_transformers(layout, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "gptoss_patch.testing.main_job", "--checkpoint", "mxfp4", "--json",
                            "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=1800, env=_env())

@@ -5,7 +5,7 @@ name exactly the cases that deviation breaks (gptoss_patch/selftest.py states th
 
 import pytest
 
-from conftest import run_selftest
+from conftest import REPORT_SECRETS, run_selftest
 
 from gptoss_patch import selftest
 
@@ -44,6 +44,7 @@ def test_selftest_human_lines_name_case_error_and_tolerance(verify_simulate):
     assert lines[-1].startswith("self-test passed")
 
 
+@pytest.mark.expensive(20)
 def test_injected_129_key_band_fails_the_sliding_cases():
     """A ``sparse_mode 4`` band one key wider than documented: every sliding-window case on both paths fails (they
     all hold a query at position >= 128 whose window then reaches key 0), the full-attention cases still pass."""
@@ -56,28 +57,43 @@ def test_injected_129_key_band_fails_the_sliding_cases():
                for p in report["problems"])
 
 
-def test_injected_dropped_sink_fails_the_v2_cases_and_the_report_says_so(tmp_path, cell, layout):
+@pytest.mark.expensive(20)
+def test_injected_dropped_sink_fails_the_v2_cases_and_the_report_says_so(tmp_path, cell):
     """``learnable_sink`` ignored by the operator: every eager attention case of the v2 path fails; the LSE path,
     which applies the sink itself (``out * sigmoid(lse - sink)``), passes (and the graph cases compare graph with
-    eager, which drop the sink alike). The ``--report`` file of that run, read back: versions, decision, patches with
-    drift, the self-test table with the failing rows, activation per process kind, the environment without secrets."""
+    eager, which drop the sink alike). The ``--report`` file of that run (``--no-children``: the children's rows are
+    checked on the shared run's report below) shows the failing rows and says NOT OK."""
     path = tmp_path / "report.md"
-    proc, report = run_selftest("drop_sink", "--report", str(path), VLLM_API_KEY="sk-do-not-print-1234567890",
-                                VLLM_WORKER_MULTIPROC_METHOD="spawn", HF_TOKEN="hf_do_not_print")
+    proc, report = run_selftest("drop_sink", "--report", str(path), "--no-children")
     assert proc.returncode == 1
     assert set(report["selftest"]["failed"]) == {c for c in EXPECTED if c.startswith("attention/v2/")}
     assert "attention/v2/prefill_127_128_129/full" in report["problems"][-1]
     text = path.read_text()
     assert f"| vllm-ascend | {cell} |" in text and "`apply` - " in text and "Result: **NOT OK**" in text
-    for p in report["status"]["patches"]:
-        assert f"| {p['name']} | applied | {p['target']} | {p['drift']} |" in text
     for c in report["selftest"]["cases"]:
         verdict = "PASS" if c["ok"] else "FAIL"
         assert f"| {c['case']} | {c['max_error']:.3e} | {c['tolerance']:.3e} | {verdict} |" in text, c["case"]
+    assert "| fresh interpreter / spawn / forkserver | - | - | - | not checked (--no-children) |" in text
+    assert "| GPTOSS_PATCH_SIM_FAULT | `drop_sink` |" in text
+    assert "- self-test failed: attention/v2/" in text
+
+
+def test_the_report_of_the_shared_run_shows_the_stack_and_no_secrets(verify_simulate, verify_simulate_md, cell):
+    """The ``--report`` file of the shared ``verify --simulate --selftest`` run (conftest ``_verify_simulate_run``,
+    with an API key and a hub token in its environment), read back: versions, decision, patches with drift, the
+    self-test table, activation per process kind (this process and its three children), the environment without
+    secrets."""
+    _, report = verify_simulate
+    text = verify_simulate_md
+    assert f"| vllm-ascend | {cell} |" in text and "`apply` - " in text and "Result: **OK**" in text
+    for p in report["status"]["patches"]:
+        assert f"| {p['name']} | applied | {p['target']} | {p['drift']} |" in text
+    for c in report["selftest"]["cases"]:
+        assert f"| {c['case']} | {c['max_error']:.3e} | {c['tolerance']:.3e} | PASS |" in text, c["case"]
     for label in ("this process (verify)", "fresh interpreter", "spawn", "forkserver"):
         assert f"| {label} | apply |" in text, label
     assert "| forkserver | apply | import-hook |" in text
-    assert "| VLLM_WORKER_MULTIPROC_METHOD | `spawn` |" in text and "| GPTOSS_PATCH_SIM_FAULT | `drop_sink` |" in text
+    assert "| VLLM_WORKER_MULTIPROC_METHOD | `spawn` |" in text and "GPTOSS_PATCH_SIM_FAULT" not in text
     assert "| VLLM_API_KEY | `(set; value not shown)` |" in text
-    assert "sk-do-not-print" not in text and "hf_do_not_print" not in text and "HF_TOKEN" not in text
-    assert "- self-test failed: attention/v2/" in text
+    assert REPORT_SECRETS["VLLM_API_KEY"] not in text and REPORT_SECRETS["HF_TOKEN"] not in text
+    assert "HF_TOKEN" not in text

@@ -9,11 +9,13 @@ other cells' tests cover without a server):
 * expert parallel 2, which vLLM 0.11.0 loads only through ``checkpoint.ep_expert_range`` (and not at all without it).
 """
 
+import pytest
 from test_serve import WORKDIR, _checks
 
 from gptoss_patch.testing import serve_job
 
 
+@pytest.mark.expensive(25)
 def test_unpatched_vllm_serve_is_stopped_by_the_guard_at_startup(tmp_path):
     """GPTOSS_PATCH_DISABLE=1: the engine core refuses to build the GPT-OSS model, with the guard's message; the server
     never answers /health."""
@@ -26,6 +28,7 @@ def test_unpatched_vllm_serve_is_stopped_by_the_guard_at_startup(tmp_path):
     assert "GPTOSS_PATCH_DISABLE" in log  # what to do
 
 
+@pytest.mark.expensive(35)
 def test_unpatched_vllm_serve_answers_with_other_tokens():
     """The same server with the patches off and the guard overridden gives tokens that differ from transformers."""
     report = serve_job.run(WORKDIR, mode="eager", max_tokens=12,
@@ -36,6 +39,7 @@ def test_unpatched_vllm_serve_answers_with_other_tokens():
     assert report.exchanges and not any(e.ok for e in report.exchanges)
 
 
+@pytest.mark.expensive(40)
 def test_vllm_serve_official_mxfp4_checkpoint():
     """The tiny model in the official MXFP4 layout: the patched server dequantizes the experts while loading and
     answers with the tokens of transformers' run of the same checkpoint (dequantized by transformers' own code)."""
@@ -43,6 +47,7 @@ def test_vllm_serve_official_mxfp4_checkpoint():
     _checks(report, "PIECEWISE")
 
 
+@pytest.mark.expensive(60)
 def test_vllm_serve_tensor_parallel_2_full_decode_only_fork():
     """TP 2, FULL_DECODE_ONLY (the decode graph is captured eagerly: ``torch.distributed.all_reduce`` on the ``hccl``
     group is what the capture records), workers forked: tokens equal transformers'."""
@@ -51,6 +56,7 @@ def test_vllm_serve_tensor_parallel_2_full_decode_only_fork():
     _checks(report, "FULL_DECODE_ONLY", tensor_parallel_size=2, forked=True)
 
 
+@pytest.mark.expensive(70)
 def test_vllm_serve_expert_parallel_2():
     """``--tensor-parallel-size 2 --enable-expert-parallel`` (EP 2; vllm-ascend's AllGather dispatcher, which it selects
     without MC2 at this world size): vLLM 0.11.0 loads each rank's experts through ``checkpoint.ep_expert_range`` and
@@ -67,6 +73,7 @@ def test_vllm_serve_expert_parallel_2():
     assert "expert-parallel weight range passed reversed" in report.log_text  # the patch did the loading
 
 
+@pytest.mark.expensive(40)
 def test_unpatched_expert_parallel_does_not_load():
     """The same EP 2 server with every patch off (guard overridden): vLLM 0.11.0's loader slices every expert tensor
     empty and the engine stops at start-up - the defect ``checkpoint.ep_expert_range`` fixes."""

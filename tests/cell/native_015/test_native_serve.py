@@ -19,6 +19,7 @@ real engine are open (docs/simulator.md, "What vLLM's real engine needs").
 import os
 from pathlib import Path
 
+import pytest
 from conftest import ROW
 from packaging.version import Version
 
@@ -28,6 +29,7 @@ from gptoss_patch.testing import serve_job
 WORKDIR = Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job"
 
 
+@pytest.mark.expensive(30)
 def test_native_full_decode_only_is_refused_at_startup():
     assert ROW.caps["attention_graph"].state == matrix.REFUSED  # every native cell row (0.15.0rc1 ... 0.19.1rc1)
     report = serve_job.run(WORKDIR, mode="FULL_DECODE_ONLY", max_tokens=4, startup_timeout=600)
@@ -40,6 +42,7 @@ def test_native_full_decode_only_is_refused_at_startup():
 
 
 if not matrix.native_attention(ROW):  # layouts H and G: our attention runs the sink and sliding layers
+    @pytest.mark.expensive(75)
     def test_main_job_tokens_equal_transformers_with_the_patch_and_not_without():
         """The main job (PIECEWISE, TP 1) through this release's real engine: every exchange's greedy tokens and
         log-probabilities equal transformers' with the patches, and the first GPT-OSS forwards in the engine core took
