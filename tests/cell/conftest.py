@@ -37,8 +37,10 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "soak: a long sweep (many replay steps / examples) that `nox -s soak` runs and "
                                        "`nox -s tests` leaves out; the default run keeps a shorter case of it")
     config.addinivalue_line("markers", "expensive(seconds): the test's rough cost on CI's machine (a `vllm serve` "
-                                       "start, a `verify` run with its children); scheduling only: such tests are "
-                                       "handed to the xdist workers first, longest first")
+                                       "start, a `verify` run with its children); scheduling only: after the xdist "
+                                       "groups (which pytest-xdist hands out first, largest first), such tests go "
+                                       "out before the other single tests, longest first; they may not use a "
+                                       "module- or class-scoped fixture")
 
 
 def _cost(item) -> float:
@@ -57,6 +59,15 @@ def pytest_collection_modifyitems(config, items):
     # test collected last ran alone at the end while the other worker sat idle (0.16.0rc1: 271 s wall for 405 s of
     # tests). Stable: everything unmarked keeps its order, and no marked test uses a module-scoped fixture (moving
     # one would set that fixture up twice on a worker).
+    for item in items:
+        if _cost(item):
+            scoped = sorted(name for name, defs in item._fixtureinfo.name2fixturedefs.items()
+                            if defs and defs[-1].scope in ("module", "class", "package"))
+            if scoped:
+                raise pytest.UsageError(f"{item.nodeid} is marked expensive but uses the {scoped[0]!r} fixture of "
+                                        f"scope {item._fixtureinfo.name2fixturedefs[scoped[0]][-1].scope!r}: moved "
+                                        "ahead of its module it would set that fixture up twice on a worker; drop "
+                                        "the mark or make the fixture function- or session-scoped")
     items.sort(key=lambda i: -_cost(i))
     if CELL is None:
         raise pytest.UsageError("tests/cell runs inside a matrix cell: use `nox -s cell-<release>` "
@@ -95,10 +106,10 @@ REPORT_SECRETS = {"VLLM_API_KEY": "sk-do-not-print-1234567890", "HF_TOKEN": "hf_
 def _verify_simulate_run(tmp_path_factory):
     """``python -m gptoss_patch.verify --simulate --selftest --json --report FILE``, run once per test process (with
     :data:`REPORT_SECRETS` and ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` in its environment):
-    ``(CompletedProcess, report, Markdown report text)``.
+    ``(CompletedProcess, report, Markdown report text or None if verify wrote no file)``.
 
     Raises:
-        AssertionError: verify printed no JSON document or wrote no report file."""
+        AssertionError: verify printed no JSON document."""
     import json
 
     path = tmp_path_factory.mktemp("verify") / "report.md"
@@ -110,8 +121,7 @@ def _verify_simulate_run(tmp_path_factory):
     except ValueError:
         raise AssertionError(f"verify --simulate --json printed no JSON (rc {proc.returncode}): "
                              f"{proc.stdout[-2000:]} {proc.stderr[-3000:]}") from None
-    assert path.is_file(), f"verify --report wrote no {path} (rc {proc.returncode}): {proc.stderr[-3000:]}"
-    return proc, report, path.read_text()
+    return proc, report, (path.read_text() if path.is_file() else None)
 
 
 @pytest.fixture(scope="session")
@@ -128,8 +138,13 @@ def verify_simulate(_verify_simulate_run):
 
 @pytest.fixture(scope="session")
 def verify_simulate_md(_verify_simulate_run):
-    """The Markdown ``--report`` file of the :func:`verify_simulate` run (``str``)."""
-    return _verify_simulate_run[2]
+    """The Markdown ``--report`` file of the :func:`verify_simulate` run (``str``).
+
+    Raises:
+        AssertionError: verify wrote no report file (only the tests that read the report fail)."""
+    proc, _, text = _verify_simulate_run
+    assert text is not None, f"verify --report wrote no file (rc {proc.returncode}): {proc.stderr[-3000:]}"
+    return text
 
 
 def run_python(code: str, **env_overrides) -> subprocess.CompletedProcess:
@@ -145,11 +160,10 @@ def run_python(code: str, **env_overrides) -> subprocess.CompletedProcess:
 
 def run_selftest(fault: str | None = None, *extra: str, **env_overrides: str) -> tuple[subprocess.CompletedProcess,
                                                                                        dict]:
-    """``python -m gptoss_patch.verify --selftest --json [--no-children] EXTRA`` in a fresh interpreter of this cell's
+    """``python -m gptoss_patch.verify --selftest --json --no-children EXTRA`` in a fresh interpreter of this cell's
     venv (the simulator through ``GPTOSS_PATCH_SIMULATE_NPU=1``, no main job), with the operator deviation ``fault``
-    injected into the simulator (``GPTOSS_PATCH_SIM_FAULT``; docs/simulator.md) and ``env_overrides`` set.
-    ``--no-children`` unless ``extra`` holds ``--report`` (a report shows the children). Returns
-    ``(CompletedProcess, report)``.
+    injected into the simulator (``GPTOSS_PATCH_SIM_FAULT``; docs/simulator.md) and ``env_overrides`` set. The
+    children are checked by the shared run (:func:`_verify_simulate_run`). Returns ``(CompletedProcess, report)``.
 
     Raises:
         AssertionError: verify printed no JSON document.
@@ -161,8 +175,7 @@ def run_selftest(fault: str | None = None, *extra: str, **env_overrides: str) ->
     if fault:
         env["GPTOSS_PATCH_SIM_FAULT"] = fault
     env.update(env_overrides)
-    children = [] if "--report" in extra else ["--no-children"]
-    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--selftest", "--json", *children, *extra],
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--selftest", "--json", "--no-children", *extra],
                           capture_output=True, text=True, env=env, timeout=1200)
     try:
         return proc, json.loads(proc.stdout)

@@ -152,24 +152,35 @@ def test_context_parallelism_is_refused_before_the_build(a2_child):
     assert "(in use: decode_context_parallel_size 2)" in out["tp2_dcp2"]
 
 
-def _in_dir(name: str, script: str) -> str:
-    """``script`` with its checkpoint directory (``sys.argv[1]``) set to ``<the child's argument>/<name>``."""
-    return f"sys.argv[1:] = [os.path.join(ROOT, {name!r})]\n" + script
+#: Runs the parts of :func:`a2_child` one after the other, each in its own namespace and with its own checkpoint
+#: directory (``sys.argv[1]`` = ``<root>/<name>``); a part that raises prints ``<TAG> CRASH <error>`` and the next
+#: part still runs, so one part's failure shows under its own tag only.
+PARTS_DRIVER = """
+import json, os, sys, traceback
+root, parts = sys.argv[1], json.loads(sys.argv[2])
+for tag, name, code in parts:
+    sys.argv[1:] = [os.path.join(root, name)]
+    try:
+        exec(compile(code, "<guard part " + name + ">", "exec"), {"__name__": "__main__"})
+    except BaseException as exc:
+        print(tag + " CRASH " + (type(exc).__name__ + ": " + str(exc)).replace(chr(10), " | "))
+        traceback.print_exc()
+"""
 
 
 @pytest.fixture(scope="module")
 def a2_child(tmp_path_factory):
     """One fresh interpreter (activation through the installed .pth only, the default Atlas A2 SoC) that runs, one
-    after the other and each with its own checkpoint directory, the A2 build (``GUARD-RESULT``), the subclass check
-    (``SUBCLASS-RESULT``), the build of a checkpoint with wrong-shaped sinks (``RESHAPED-RESULT``) and the
-    context-parallel configurations (``CP-RESULT``): four interpreter start-ups of ~12 s each become one. Each part
-    prints its own tagged line; the tests that use it carry ``xdist_group("guard_child")``, so one worker runs it once.
+    after the other and each with its own checkpoint directory and namespace (:data:`PARTS_DRIVER`), the A2 build
+    (``GUARD-RESULT``), the subclass check (``SUBCLASS-RESULT``), the build of a checkpoint with wrong-shaped sinks
+    (``RESHAPED-RESULT``) and the context-parallel configurations (``CP-RESULT``): four interpreter start-ups of
+    ~12 s each become one. The tests that use it carry ``xdist_group("guard_child")``, so one worker runs it once.
     The Atlas 310P build keeps its own interpreter (its SoC and its ``_build_info`` differ)."""
     reshaped = BUILD_MODEL.replace("ckpt = write_checkpoint(sys.argv[1], preset=\"tiny\", seed=0, tokenizer=False)\n",
                                    _RESHAPE_SINKS).replace("GUARD-RESULT", "RESHAPED-RESULT")
     assert reshaped.count("RESHAPED-RESULT") == 2 and "load_file" in reshaped
-    script = "\n".join(["import os, sys", "ROOT = sys.argv[1]",
-                        _in_dir("a2", BUILD_MODEL.format(prelude="")), _in_dir("subclass", SUBCLASS_RUN),
-                        _in_dir("reshaped", reshaped.format(prelude="")), _in_dir("cp", CONTEXT_PARALLEL)])
-    return subprocess.run([sys.executable, "-c", script, str(tmp_path_factory.mktemp("guard"))], capture_output=True,
-                          text=True, timeout=1200, env=_env(GPTOSS_PATCH_SIM_SOC_VERSION="220"))
+    parts = [("GUARD-RESULT", "a2", BUILD_MODEL.format(prelude="")), ("SUBCLASS-RESULT", "subclass", SUBCLASS_RUN),
+             ("RESHAPED-RESULT", "reshaped", reshaped.format(prelude="")), ("CP-RESULT", "cp", CONTEXT_PARALLEL)]
+    return subprocess.run([sys.executable, "-c", PARTS_DRIVER, str(tmp_path_factory.mktemp("guard")),
+                           json.dumps(parts)], capture_output=True, text=True, timeout=1200,
+                          env=_env(GPTOSS_PATCH_SIM_SOC_VERSION="220"))

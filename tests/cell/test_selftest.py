@@ -64,7 +64,7 @@ def test_injected_dropped_sink_fails_the_v2_cases_and_the_report_says_so(tmp_pat
     eager, which drop the sink alike). The ``--report`` file of that run (``--no-children``: the children's rows are
     checked on the shared run's report below) shows the failing rows and says NOT OK."""
     path = tmp_path / "report.md"
-    proc, report = run_selftest("drop_sink", "--report", str(path), "--no-children")
+    proc, report = run_selftest("drop_sink", "--report", str(path))
     assert proc.returncode == 1
     assert set(report["selftest"]["failed"]) == {c for c in EXPECTED if c.startswith("attention/v2/")}
     assert "attention/v2/prefill_127_128_129/full" in report["problems"][-1]

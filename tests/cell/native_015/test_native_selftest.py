@@ -44,7 +44,7 @@ def test_selftest_passes_on_the_rows_attention(clean_run):
     assert any("YaRN of a native row" in n for n in st["not_covered"])
 
 
-def test_injected_dropped_sink_fails_every_case_that_runs(clean_run):
+def test_injected_dropped_sink_fails_every_case_that_runs():
     proc, report = run_selftest("drop_sink")
     assert proc.returncode == 1
     assert set(report["selftest"]["failed"]) == ATTENTION  # the MoE case does not use the attention operator
