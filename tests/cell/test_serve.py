@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import CELL
 
 from gptoss_patch.testing import serve_job
 
@@ -62,18 +61,8 @@ def _checks(report: serve_job.ServeReport, mode: str, tensor_parallel_size: int 
     assert report.ok
 
 
-#: The modes each cell serves. eager in the 0.11.0 cell only (where test_serve_more.py's unpatched servers run eager
-#: too): on 0.12.0rc1-0.14.0rc1 every patched line an eager server runs also runs outside the graphs of a PIECEWISE
-#: one - the attention op is where vLLM splits the graph (vllm-ascend's ``opaque_attention_op``), so it runs eagerly
-#: at every step, and the fused MoE, the opaque custom op ``vllm::moe_forward`` inside the captured pieces (vllm
-#: ``model_executor/layers/fused_moe/layer.py`` ``forward_native``; 0.12.0rc1's ``AscendFusedMoE.forward``), runs
-#: eagerly on the prefill steps larger than the capture sizes and has no branch on the token count. A third server
-#: start (~50 s of CI) would add no code path of ours.
-CELL_MODES = serve_job.MODES if CELL == "0.11.0" else tuple(m for m in serve_job.MODES if m != "eager")
-
-
 @pytest.mark.expensive(50)
-@pytest.mark.parametrize("mode", CELL_MODES)
+@pytest.mark.parametrize("mode", serve_job.MODES)
 def test_vllm_serve_answers_with_transformers_tokens(mode):
     _checks(serve_job.run(WORKDIR, mode=mode, max_tokens=12), mode)
 
