@@ -55,8 +55,8 @@ class Variable:
     readme: bool = True
 
 
-#: SoC version numbers the simulator can identify as (ACL numbers: 200-205 Atlas 310P, 220-225 Atlas A2).
-SOC_VERSIONS = tuple(str(n) for n in (*range(200, 206), *range(220, 226)))
+#: SoC version numbers the simulator can identify as (ACL numbers: 200-205 Atlas 310P, 220-225 Atlas A2, 250-255 Atlas A3).
+SOC_VERSIONS = tuple(str(n) for n in (*range(200, 206), *range(220, 226), *range(250, 256)))
 
 VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable(DISABLE, "bool"),
@@ -124,7 +124,7 @@ def soc_version(environ: Mapping[str, str] | None = None) -> int | None:
         return None
     if raw not in SOC_VERSIONS:
         raise ValueError(f"{SIM_SOC_VERSION}={raw!r}: use one of {', '.join(SOC_VERSIONS)} "
-                         "(ACL SoC version numbers: 200-205 Atlas 310P, 220-225 Atlas A2)")
+                         "(ACL SoC version numbers: 200-205 Atlas 310P, 220-225 Atlas A2, 250-255 Atlas A3)")
     return int(raw)
 
 

@@ -174,7 +174,8 @@ def _writer_key() -> str:
 #: in blocks of 32, so its preset has intermediate 384 (gptoss_patch.testing.tiny "tiny-mxfp4"). "bf16-tp2" is the model
 #: whose every rank at tensor parallel 2 holds gpt-oss-120b's per-rank shapes at TP 8 (8 q heads, 1 KV head, expert
 #: intermediate 360).
-CHECKPOINTS = {"bf16": ("tiny", None), "mxfp4": ("tiny-mxfp4", "mxfp4"), "bf16-tp2": ("tiny-tp2", None)}
+CHECKPOINTS = {"bf16": ("tiny", None), "mxfp4": ("tiny-mxfp4", "mxfp4"), "bf16-tp2": ("tiny-tp2", None),
+               "bf16-h1024": ("tiny-h1024", None)}
 
 
 def ensure_checkpoint(workdir: Path, seed: int = 0, checkpoint_format: str = "bf16") -> Path:

@@ -62,6 +62,7 @@ _FIRST_USE = re.compile(r"gptoss-patch: pid (\d+) \(([^)]*)\) first GPT-OSS (\w+
 _GRAPHS = re.compile(r"NPU simulator: pid (\d+): (\d+) NPU graph (captures|replays)")
 _HCCL = re.compile(r"NPU simulator: pid (\d+): NPU graph \d+ holds (\d+) HCCL collective task")
 _KV = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
+_FIRST_OP = re.compile(r"NPU simulator: pid (\d+): first torch_npu\.(\w+) launch")
 _CAPTURE = re.compile(r"Capturing (?:ACL|CUDA) graphs \(([^)]*)\).*?(\d+)/(\d+) \[")
 
 
@@ -102,6 +103,8 @@ class ServeReport:
     npu_graphs: dict[str, int] = field(default_factory=dict)  # simulator counts of one rank (replays: a lower bound)
     #: pid -> HCCL collective tasks held by the NPU graphs that process captured (tensor parallel > 1)
     hccl_tasks: dict[int, int] = field(default_factory=dict)
+    #: simulated operator -> pids that launched it (the MoE communication ops of ``npu_sim.graph.ANNOUNCED``)
+    sim_ops: dict[str, set[int]] = field(default_factory=dict)
     kv_cache_tokens: int | None = None
     verify_server_exit: int | None = None
     verify_server_problems: list[str] = field(default_factory=list)
@@ -340,6 +343,8 @@ def read_log(report: ServeReport, text: str) -> None:
         report.npu_graphs[m.group(3)] = max(report.npu_graphs.get(m.group(3), 0), int(m.group(2)))
     for m in _HCCL.finditer(text):
         report.hccl_tasks[int(m.group(1))] = report.hccl_tasks.get(int(m.group(1)), 0) + int(m.group(2))
+    for m in _FIRST_OP.finditer(text):
+        report.sim_ops.setdefault(m.group(2), set()).add(int(m.group(1)))
     kv = _KV.search(text)
     report.kv_cache_tokens = int(kv.group(1).replace(",", "")) if kv else None
 
@@ -462,6 +467,9 @@ def print_report(r: ServeReport) -> None:
     if r.hccl_tasks:
         print("  HCCL collectives captured in those graphs: "
               + ", ".join(f"{n} in pid {pid}" for pid, n in sorted(r.hccl_tasks.items())))
+    if r.sim_ops:
+        print("  MoE communication operators launched: "
+              + ", ".join(f"{op} in pid {', '.join(map(str, sorted(pids)))}" for op, pids in sorted(r.sim_ops.items())))
     if r.kv_cache_tokens is not None:
         print(f"  KV cache: {r.kv_cache_tokens} tokens ({r.kv_cache_tokens // 128} blocks of 128)")
     if not r.started:

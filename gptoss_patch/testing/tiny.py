@@ -111,6 +111,21 @@ PRESETS: dict[str, dict] = {
         "max_shard_size": None,
         "notes": "61.6 MB bf16; per rank at TP=2 it has the shapes of 'tiny'",
     },
+    # For MC2 on a simulated Atlas A3: npu_moe_distribute_dispatch_v2 / combine_v2 take H in [1024, 7168] there
+    # (docs/operators.md section 4.5), so the hidden size is 1024; per rank at TP=2 the heads are 'tiny''s 8 : 1, and
+    # at EP=2 each rank holds 4 whole experts. Two layers: one sliding, one full.
+    "tiny-h1024": {
+        "config": {
+            "hidden_size": 1024,
+            "intermediate_size": 720,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 2,
+            "num_local_experts": 8,
+        },
+        "max_shard_size": None,
+        "notes": "~0.85 GB bf16 (0.82 GB of it embed_tokens + lm_head at vocab 201088)",
+    },
     # 'tiny' for the MXFP4 layout: MXFP4 packs the intermediate dimension of down_proj in blocks of 32, so the
     # intermediate size is 384 (360 is not a multiple of 32; the official 2880 is 90 blocks).
     "tiny-mxfp4": {

@@ -6,7 +6,8 @@ other cells' tests cover without a server):
 * let through anyway (``GPTOSS_PATCH_ALLOW_UNPATCHED=1``) it answers with other tokens: what the patches are for;
 * the tiny model in the official MXFP4 layout is dequantized while loading and answers with transformers' tokens;
 * tensor parallel 2 with FULL_DECODE_ONLY graphs and workers started by ``fork`` (the other start method);
-* expert parallel 2, which vLLM 0.11.0 loads only through ``checkpoint.ep_expert_range`` (and not at all without it).
+* expert parallel 2, which vLLM 0.11.0 loads only through ``checkpoint.ep_expert_range`` (and not at all without it),
+  on the simulated Atlas A2 (AllGather) and Atlas A3 (MC2 for decode, All2All for prefill).
 """
 
 import pytest
@@ -71,6 +72,32 @@ def test_vllm_serve_expert_parallel_2():
     _checks(report, "PIECEWISE", tensor_parallel_size=2)
     assert "Expert parallelism is enabled" in report.log_text  # vLLM's own line: EP really was on
     assert "expert-parallel weight range passed reversed" in report.log_text  # the patch did the loading
+
+
+@pytest.mark.expensive(90)
+def test_vllm_serve_expert_parallel_2_on_atlas_a3_mc2_and_all2all():
+    """``--tensor-parallel-size 2 --enable-expert-parallel`` on a simulated Atlas A3 (``GPTOSS_PATCH_SIM_SOC_VERSION=250``,
+    Ascend910_9391). vllm-ascend 0.11.0 (``NPUModelRunner._select_moe_comm_method``) picks MC2 on A3 for batches
+    within its MC2 capacity (the largest capture size, 4 tokens) and All2All above it: the decode steps run
+    ``npu_moe_distribute_dispatch_v2`` / ``combine_v2`` (inside the replayed PIECEWISE graphs), the prefills
+    vllm-ascend's All2All dispatcher. The model has hidden size 1024, the least the MC2 operators take on A3
+    (docs/operators.md section 4.5); every rank holds 4 whole experts. Tokens equal transformers'."""
+    report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=12, checkpoint_format="bf16-h1024",
+                           tensor_parallel_size=2, extra_args=["--enable-expert-parallel"],
+                           extra_env={"GPTOSS_PATCH_SIM_SOC_VERSION": "250"})
+    serve_job.print_report(report)
+    assert report.started, report.log_tail
+    assert "Expert parallelism is enabled" in report.log_text
+    workers = {u["pid"] for u in report.first_use if "Worker" in u["process"]}
+    assert len(workers) == 2, report.first_use
+    for op in ("npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2", "npu_moe_token_permute"):
+        assert report.sim_ops.get(op) == workers, (op, report.sim_ops)  # MC2 and All2All ran on both ranks
+    assert "npu_moe_init_routing_v2" not in report.sim_ops, report.sim_ops  # AllGather did not: A3 has no use for it
+    assert report.npu_graphs.get("replays", 0) >= 4, report.npu_graphs
+    assert len(report.exchanges) == 6
+    for e in report.exchanges:
+        assert e.ok, (e.label, e.generated, e.reference, e.max_logprob_diff)
+    assert report.ok, (report.verify_server_exit, report.verify_server_problems)
 
 
 @pytest.mark.expensive(40)

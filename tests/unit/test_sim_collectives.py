@@ -6,13 +6,10 @@ Before graph capture recorded collectives, vLLM's PIECEWISE graphs at tensor par
 all-reduces and served wrong tokens; this is the operator-level proof of the fix.
 """
 
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from sim_ranks import run_two_ranks
 
 _WORKER = textwrap.dedent(r"""
     import json, os, sys
@@ -57,34 +54,9 @@ _WORKER = textwrap.dedent(r"""
 """)
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def ranks():
-    port = str(_port())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPTOSS_PATCH_")}
-    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, str(r), port], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) for r in range(2)]
-    results = []
-    try:
-        outputs = [p.communicate(timeout=300) for p in procs]
-    finally:  # a rank that died leaves the other blocked in gloo: never leave it behind
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for p, (out, err) in zip(procs, outputs):
-        assert p.returncode == 0, err[-3000:]
-        line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
-        assert line, out + err[-3000:]
-        import json
-
-        results.append(json.loads(line[-1][len("RESULT "):]))
-    return results
+    return run_two_ranks(_WORKER)
 
 
 def test_hccl_is_the_backend_vllm_gets(ranks):

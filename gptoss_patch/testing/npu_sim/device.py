@@ -31,12 +31,15 @@ SOC_VERSION = 220
 SOC_NAME = "Ascend910B1"
 
 #: ``GPTOSS_PATCH_SIM_SOC_VERSION`` makes the simulated device *identify* as another SoC (e.g. ``200``, an Atlas
-#: 300I Duo / 310P3 in vllm-ascend's mapping 200-205 -> 310P, ``vllm_ascend/utils.py`` ``get_ascend_device_type``),
-#: so that code choosing a backend by device type can be tested. Only the identification changes: every operator keeps
-#: the documented Atlas A2 semantics.
+#: 300I Duo / 310P3 in vllm-ascend's mapping 200-205 -> 310P, ``vllm_ascend/utils.py`` ``get_ascend_device_type``;
+#: 250-255, the Atlas A3 SoCs Ascend910_93xx that vllm-ascend reads as A3, ``init_ascend_soc_version``), so that code
+#: choosing a backend by device type can be tested. Only the identification changes: every operator keeps the
+#: documented Atlas A2 semantics, except the MC2 operators, which exist here only as on A3 (``ops/moe_distribute.py``).
+#: Names and numbers: torch_npu ``torch_npu/csrc/core/npu/NpuVariables.h`` ``SocVersion``.
 _SOC_OVERRIDE = {200: "Ascend310P3", 201: "Ascend310P1", 202: "Ascend310P2", 203: "Ascend310P3", 204: "Ascend310P4",
                  205: "Ascend310P5", 220: "Ascend910B1", 221: "Ascend910B2", 222: "Ascend910B2C", 223: "Ascend910B3",
-                 224: "Ascend910B4", 225: "Ascend910B4-1"}
+                 224: "Ascend910B4", 225: "Ascend910B4-1", 250: "Ascend910_9391", 251: "Ascend910_9392",
+                 252: "Ascend910_9381", 253: "Ascend910_9382", 254: "Ascend910_9372", 255: "Ascend910_9362"}
 if config.soc_version() is not None:  # ValueError for a number the table does not have
     SOC_VERSION = config.soc_version()
     SOC_NAME = _SOC_OVERRIDE[SOC_VERSION]
@@ -347,26 +350,58 @@ def enter_device_mapping() -> None:
         torch.Tensor.is_npu = property(lambda self: self.device.type == "npu")  # type: ignore[attr-defined]
 
 
-def give_gloo_an_hccl_name() -> None:
-    """Let vllm-ascend's MC2 dispatcher be *constructed* on the simulator's gloo process groups.
+#: name -> gloo backend of an ``hccl`` group, for every communicator whose name was asked (``get_hccl_comm_name``);
+#: the strong reference keeps pybind11's Python wrapper alive, so the group's backend is the same object every time.
+_HCCL_COMMS: dict[str, Any] = {}
 
-    ``TokenDispatcherWithMC2.__init__`` (vllm_ascend/ops/moe/token_dispatcher.py) asks the device
-    group's backend for ``get_hccl_comm_name(rank)``, the name of the HCCL communicator that the MC2
-    operators (``npu_moe_distribute_dispatch``/``_combine``) address. The simulator's collectives run
-    on gloo, which has no HCCL communicator; this adds the method to ``ProcessGroupGloo`` returning
-    ``"gptoss-sim-gloo-rank<r>"``. The name is consumed only by the MC2 operators, which are not
-    emulated (calling them raises), so no computation depends on it.
+
+def give_gloo_an_hccl_name() -> None:
+    """Give the simulator's gloo backends the name of an HCCL communicator, and let MC2's operators find them by it.
+
+    vllm-ascend asks the device group's backend for ``get_hccl_comm_name(rank)`` (``TokenDispatcherWithMC2.__init__``
+    in ``vllm_ascend/ops/moe/token_dispatcher.py``; the ``_HCOMM_INFO`` of ``ops/linear_op.py``) and passes the name
+    as ``group_ep`` to ``npu_moe_distribute_dispatch_v2`` / ``combine_v2``, which address the communicator by it
+    (op-plugin's example, ``torch_npu-npu_moe_distribute_combine_v2.md``, gets it the same way). The simulator's
+    collectives run on gloo; this adds the method to ``ProcessGroupGloo``: each backend gets one name,
+    ``"gptoss-sim-hccl-<n>"`` (n counts the communicators named in this process; the name is process-local, as the
+    operators only use it on the rank that asked), whatever ``rank`` is passed (vllm-ascend passes the group rank in
+    one place and the global rank in the other). :func:`hccl_backend` maps the name back to the backend.
+
+    Raises (from the method):
+        TypeError: ``rank`` is not a non-negative int.
     """
     import torch.distributed as dist
 
     cls = dist.ProcessGroupGloo
-    if hasattr(cls, "get_hccl_comm_name"):
+    if getattr(cls, "_gptoss_sim_named", False):
         return
 
     def get_hccl_comm_name(self, rank: int) -> str:
-        return f"gptoss-sim-gloo-rank{rank}"
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
+            raise TypeError(f"get_hccl_comm_name(rank): rank must be a non-negative int, got {rank!r}")
+        for name, backend in _HCCL_COMMS.items():
+            if backend is self:
+                return name
+        name = f"gptoss-sim-hccl-{len(_HCCL_COMMS)}"
+        _HCCL_COMMS[name] = self
+        return name
 
     cls.get_hccl_comm_name = get_hccl_comm_name
+    cls._gptoss_sim_named = True
+
+
+def hccl_backend(name: str) -> Any:
+    """The gloo backend named ``name`` by ``get_hccl_comm_name`` in this process (see :func:`give_gloo_an_hccl_name`).
+
+    Raises:
+        RuntimeError: no communicator of that name (the operator's ``group_ep`` / ``group_tp`` is wrong).
+    """
+    try:
+        return _HCCL_COMMS[name]
+    except KeyError:
+        known = ", ".join(sorted(_HCCL_COMMS)) or "none"
+        raise RuntimeError(f"no HCCL communicator named {name!r} in this process (named so far: {known}); pass "
+                           "the name get_hccl_comm_name returned for the group") from None
 
 
 def register_accelerator_hooks() -> None:

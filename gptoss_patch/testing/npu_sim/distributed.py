@@ -22,6 +22,7 @@ collectives on vLLM's CPU (gloo) groups are host work and are not.
 from __future__ import annotations
 
 import datetime
+import inspect
 from typing import Any
 
 __all__ = ["ProcessGroupHCCL", "register_hccl_backend", "record_collectives_in_graphs", "COLLECTIVES"]
@@ -77,6 +78,48 @@ def _is_hccl_group(group: Any) -> bool:
         return False
 
 
+def _uneven(sig: inspect.Signature, args: tuple, kwargs: dict) -> bool:
+    """``all_gather(tensor_list, tensor, group)`` on an ``hccl`` group with outputs of different shapes."""
+    try:
+        bound = sig.bind(*args, **kwargs).arguments
+    except TypeError:
+        return False
+    outs = bound.get("tensor_list")
+    if not outs or len({tuple(t.shape) for t in outs}) == 1:
+        return False
+    return _is_hccl_group(bound.get("group"))
+
+
+def _all_gather_v(tensor_list: list, tensor: Any, group: Any = None, async_op: bool = False) -> None:
+    """``torch.distributed.all_gather`` with outputs of different sizes on an ``hccl`` group: entry ``i`` of
+    ``tensor_list`` receives rank ``i``'s ``tensor``, whatever the sizes (HCCL's AllGatherV: ``recvCounts[i]``
+    elements from rank i at ``recvDispls[i]``; CANN "HcclAllGatherV"; torch_npu's ``ProcessGroupHCCL`` loads
+    ``HcclAllGatherV`` for this case, ``HcclCompile.h``). vllm-ascend 0.11.0's All2All finalize all-gathers
+    ``torch.tensor_split`` pieces, which differ by a row for an odd token count at TP 2. gloo gathers equal sizes
+    only, so every rank pads its tensor to the largest piece and each output takes its own rows back.
+
+    Raises:
+        RuntimeError: ``tensor``'s shape is not this rank's entry of ``tensor_list``, or ``async_op`` (not used by
+            the callers this serves).
+    """
+    import torch
+    import torch.distributed as dist
+
+    if async_op:
+        raise RuntimeError("the simulated hccl all_gather of uneven sizes runs synchronously (async_op=False)")
+    rank = dist.get_rank(group)
+    if tuple(tensor_list[rank].shape) != tuple(tensor.shape):
+        raise RuntimeError(f"all_gather: this rank's tensor has shape {tuple(tensor.shape)} but its entry of "
+                           f"tensor_list has {tuple(tensor_list[rank].shape)}")
+    width = max(t.numel() for t in tensor_list)
+    padded = torch.zeros(width, dtype=tensor.dtype)
+    padded[:tensor.numel()] = tensor.reshape(-1)
+    gathered = [torch.empty_like(padded) for _ in tensor_list]
+    dist.distributed_c10d.all_gather.__wrapped__(gathered, padded, group=group)  # the unwrapped gloo collective
+    for out, got in zip(tensor_list, gathered):
+        out.copy_(got[:out.numel()].reshape(out.shape))
+
+
 def record_collectives_in_graphs() -> None:
     """Wrap the :data:`COLLECTIVES` of ``torch.distributed`` (and ``torch.distributed.distributed_c10d``) so that one
     on an ``hccl`` group issued during a simulated NPU graph capture is recorded as a graph task (idempotent).
@@ -101,6 +144,8 @@ def record_collectives_in_graphs() -> None:
         sig = inspect.signature(fn)
 
         def wrapper(*args: Any, _fn=fn, _name=name, _sig=sig, **kwargs: Any) -> Any:
+            if _name == "all_gather" and _uneven(_sig, args, kwargs):
+                _fn = _all_gather_v  # HCCL's AllGatherV; gloo takes equal sizes only
             if graph.capture_idle():  # the common case, every step of an eager run: no capture, nothing to record
                 return _fn(*args, **kwargs)
             if torch.compiler.is_compiling():

@@ -801,8 +801,27 @@ def route(name: str, fn: Callable[..., Any], host_params: tuple[str, ...] | None
     return op
 
 
+#: Operators whose first launch in a process is logged ("NPU simulator: pid <p>: first torch_npu.<op> launch"), so that
+#: a run through vLLM's engine shows which MoE communication path each rank took: MC2 (the distribute pair), All2All
+#: (``npu_moe_token_permute``), AllGather (``npu_moe_init_routing_v2``). Read by ``gptoss_patch.testing.serve_job``.
+ANNOUNCED = frozenset({"npu_moe_distribute_dispatch_v2", "npu_moe_distribute_combine_v2", "npu_moe_token_permute",
+                       "npu_moe_init_routing_v2"})
+_announced: set[str] = set()
+
+
+def _announce(name: str) -> None:
+    _announced.add(name)
+    import logging
+    import os
+
+    logging.getLogger("vllm.gptoss_patch").info("gptoss-patch NPU simulator: pid %d: first torch_npu.%s launch",
+                                                os.getpid(), name)
+
+
 def _dispatch(name: str, fn: Callable[..., Any], host_params: tuple[str, ...], host_only: bool, args: tuple,
               kwargs: dict) -> Any:
+    if name in ANNOUNCED and name not in _announced:
+        _announce(name)
     cap = _capture
     if _tls.device_exec or (cap is not None and cap.leaf_depth and cap.mine()):
         return fn(*args, **kwargs)

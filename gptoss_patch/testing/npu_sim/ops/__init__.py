@@ -18,7 +18,7 @@ from typing import Any, Callable
 from gptoss_patch.testing.npu_sim.graph import route as _route
 
 #: Modules contributing operators; each exports ``OPS: dict[str, Callable]``.
-_FAMILIES = ("attention", "moe", "misc")
+_FAMILIES = ("attention", "moe", "moe_distribute", "misc")
 
 OPS: dict[str, Callable[..., Any]] = {}
 for _family in _FAMILIES:
