@@ -141,7 +141,10 @@ CELLS: dict[str, dict[str, list[str]]] = {
     # tests/unit tests marked `upstream` need vllm-ascend 0.11.0's own code (its paged decode capture and update,
     # tests/unit/test_sim_graph.py): the unit session deselects them, this cell runs them
     "0.11.0": {"no_deps": ["vllm==0.11.0", "vllm-ascend==0.11.0"], "deps": VLLM_011_IMPORT_DEPS, **_PATCHED_SUITE_011,
-               "unit_upstream": ["tests/unit", "-m", "upstream"]},
+               "unit_upstream": ["tests/unit", "-m", "upstream"],
+               # vLLM's Ray executor (tests/cell/test_serve_more.py); vLLM 0.11.0 asks ray[cgraph]>=2.48.0, whose
+               # cgraph extra is CUDA's cupy: plain Ray, the lowest release it admits
+               "extra": ["ray==2.48.0"]},
     "0.12.0rc1": {"no_deps": ["vllm==0.12.0", "vllm-ascend==0.12.0rc1", "xgrammar==0.1.27"],
                   "deps": VLLM_012_IMPORT_DEPS, **_PATCHED_SUITE},
     "0.13.0": {"no_deps": ["vllm==0.13.0", "vllm-ascend==0.13.0", "xgrammar==0.1.27"],
@@ -483,7 +486,8 @@ def _cell(release: str):
 def cell_python(session: nox.Session, release: str) -> Path:
     """The python of the (cached) venv of cell ``release``, with gptoss-patch freshly installed."""
     spec = CELLS[release]
-    steps = [[TORCH], ["--no-deps", *spec["no_deps"]], [*spec["deps"], *SERVE_DEPS, *REFERENCE_DEPS, *TEST_DEPS]]
+    steps = [[TORCH], ["--no-deps", *spec["no_deps"]],
+             [*spec["deps"], *SERVE_DEPS, *REFERENCE_DEPS, *TEST_DEPS, *spec.get("extra", [])]]
     return install_self(session, cached_venv(session, f"cell-{release}", steps))
 
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import json
 import os
 import re
@@ -42,6 +43,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 #: |server logprob - reference log_softmax| accepted per generated token (float32 both sides; the measured
 #: differences are ~1e-5, summation order; a missing sink, window, bias or rope detail moves them by O(0.1-10)).
@@ -141,7 +143,8 @@ def free_port() -> int:
 def serve_command(checkpoint: Path, port: int, mode: str, *, max_num_batched_tokens: int = 256,
                   tensor_parallel_size: int = 1, extra: list[str] | None = None) -> list[str]:
     """``vllm serve`` argv (through this interpreter) for ``mode`` (one of :data:`MODES`) at ``tensor_parallel_size``
-    ranks (above 1: vLLM's multiprocessing executor, one worker process per rank, as on an 8-NPU host).
+    ranks (above 1: vLLM's multiprocessing executor, one worker process per rank, as on an 8-NPU host, unless
+    ``extra`` names another ``--distributed-executor-backend``, e.g. ``ray``).
 
     Raises:
         ValueError: an unknown mode.
@@ -154,7 +157,9 @@ def serve_command(checkpoint: Path, port: int, mode: str, *, max_num_batched_tok
            "--max-num-batched-tokens", str(max_num_batched_tokens), "--enable-prefix-caching",
            "--enable-chunked-prefill", "--served-model-name", "gpt-oss-tiny", "--reasoning-parser", "openai_gptoss"]
     if tensor_parallel_size != 1:
-        cmd += ["--tensor-parallel-size", str(tensor_parallel_size), "--distributed-executor-backend", "mp"]
+        cmd += ["--tensor-parallel-size", str(tensor_parallel_size)]
+        if "--distributed-executor-backend" not in (extra or []):  # default: vLLM's multiprocessing executor
+            cmd += ["--distributed-executor-backend", "mp"]
     if mode == "eager":
         cmd.append("--enforce-eager")
     else:
@@ -210,6 +215,39 @@ def _float32_nz_off() -> dict[str, str]:
     v = environment.installed_versions()
     layout = getattr(matrix.decide(v.vllm_ascend, v.vllm).row, "layout", None)
     return {"VLLM_ASCEND_ENABLE_NZ": "0"} if layout in FLOAT32_NZ_OFF_LAYOUTS else {}
+
+
+@contextlib.contextmanager
+def ray_head(env: dict[str, str], num_npus: int = 2) -> Iterator[str]:
+    """A local Ray head node on loopback for ``--distributed-executor-backend ray``; yields its address.
+
+    Started with ``ray start --head`` (Ray from PyPI, in this interpreter's environment) with ``env`` - Ray's worker
+    processes inherit the raylet's environment, so the simulator switch and the vocabulary settings reach them as
+    they reach a user's Ray workers - and ``num_npus`` units of the ``NPU`` resource, which vLLM's Ray executor
+    reserves one per rank on vllm-ascend (``NPUPlatform.ray_device_key``). Stopped with ``ray stop --force`` on exit
+    (which stops every Ray process of this user on the host: run one Ray job at a time).
+
+    Raises:
+        RuntimeError: ``ray`` is not installed here, or the head did not start (its output in the message).
+    """
+    ray = Path(sys.executable).parent / "ray"
+    if not ray.exists():
+        raise RuntimeError(f"Ray is not installed beside {sys.executable}: pip install ray (the 0.11.0 cell has it)")
+    port = free_port()
+    temp = f"/tmp/ray-gptoss-{os.getpid()}"  # short: Ray's socket paths live under it
+    start = subprocess.run([str(ray), "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
+                            f"--num-cpus={max(4, num_npus)}", f'--resources={{"NPU": {num_npus}}}',
+                            "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
+                           env=env, capture_output=True, text=True, timeout=300)
+    if start.returncode != 0:
+        raise RuntimeError(f"ray start failed ({start.returncode}):\n{start.stdout[-2000:]}\n{start.stderr[-2000:]}")
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([str(ray), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        import shutil
+
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 class Server:

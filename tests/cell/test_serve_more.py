@@ -5,7 +5,8 @@ other cells' tests cover without a server):
 * the unpatched server (``GPTOSS_PATCH_DISABLE=1``) is stopped at start-up by the guard;
 * let through anyway (``GPTOSS_PATCH_ALLOW_UNPATCHED=1``) it answers with other tokens: what the patches are for;
 * the tiny model in the official MXFP4 layout is dequantized while loading and answers with transformers' tokens;
-* tensor parallel 2 with FULL_DECODE_ONLY graphs and workers started by ``fork`` (the other start method);
+* tensor parallel 2 with FULL_DECODE_ONLY graphs and workers started by ``fork`` (the other start method), and
+  through vLLM's Ray executor (a local Ray head);
 * expert parallel 2, which vLLM 0.11.0 loads only through ``checkpoint.ep_expert_range`` (and not at all without it),
   on the simulated Atlas A2 (AllGather) and Atlas A3 (MC2 for decode, All2All for prefill).
 """
@@ -94,6 +95,35 @@ def test_vllm_serve_expert_parallel_2_on_atlas_a3_mc2_and_all2all():
         assert report.sim_ops.get(op) == workers, (op, report.sim_ops)  # MC2 and All2All ran on both ranks
     assert "npu_moe_init_routing_v2" not in report.sim_ops, report.sim_ops  # AllGather did not: A3 has no use for it
     assert report.npu_graphs.get("replays", 0) >= 4, report.npu_graphs
+    assert len(report.exchanges) == 6
+    for e in report.exchanges:
+        assert e.ok, (e.label, e.generated, e.reference, e.max_logprob_diff)
+    assert report.ok, (report.verify_server_exit, report.verify_server_problems)
+
+
+@pytest.mark.expensive(150)
+def test_vllm_serve_tensor_parallel_2_ray():
+    """``--distributed-executor-backend ray`` against a local Ray head (started and stopped here): the two ranks are
+    Ray actors in Ray's own worker processes, started by the raylet - the patch reaches them through the ``.pth``
+    hook, each logs its activation and its patched forwards, and the tokens equal transformers'. ``RAY_DEDUP_LOGS=0``:
+    Ray would otherwise fold the ranks' identical log lines into one."""
+    from gptoss_patch import tokenizer
+
+    env = serve_job.serve_env(tokenizer.prepare(WORKDIR / "vocab").env, RAY_DEDUP_LOGS="0")
+    with serve_job.ray_head(env) as address:
+        report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=12, checkpoint_format="bf16-tp2",
+                               tensor_parallel_size=2, extra_args=["--distributed-executor-backend", "ray"],
+                               extra_env={"RAY_ADDRESS": address, "RAY_DEDUP_LOGS": "0"})
+    serve_job.print_report(report)
+    assert report.started, report.log_tail
+    assert "--distributed-executor-backend ray" in " ".join(report.command)
+    actors = {p["pid"] for p in report.processes if p["name"] == "default_worker.py" and p["decision"] == "apply"}
+    model_pids = {u["pid"] for u in report.first_use}
+    assert len(model_pids) == 2 and model_pids <= actors, (report.processes, report.first_use)
+    for pid in model_pids:  # Ray's worker processes ran the patched attention and MoE
+        used = {(u["capability"], u["path"]) for u in report.first_use if u["pid"] == pid}
+        assert {("attention", "patched"), ("moe", "patched")} <= used, (pid, report.first_use)
+    assert report.hccl_tasks == {pid: 9 * 3 for pid in model_pids}, report.hccl_tasks  # as test_serve's TP 2
     assert len(report.exchanges) == 6
     for e in report.exchanges:
         assert e.ok, (e.label, e.generated, e.reference, e.max_logprob_diff)
