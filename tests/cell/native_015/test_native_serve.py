@@ -4,7 +4,7 @@ simulated NPU.
 * FULL_DECODE_ONLY, which these rows refuse (the graph path drops the sinks up to 0.19.1rc1, vllm-ascend PR #9165),
   stops at start-up - in the engine-core process, while the model is built - with the guard's message naming the
   capability and the setting that avoids it, and the server never answers.
-* Layouts H and G (0.15.0rc1 - 0.18.0): the main job (PIECEWISE) answers with transformers' tokens with the patches;
+* Layouts H and G (0.15.0rc1 - 0.18.0): the main job (PIECEWISE, tensor parallel 2) answers with transformers' tokens with the patches;
   without them (``GPTOSS_PATCH_DISABLE=1`` + ``GPTOSS_PATCH_ALLOW_UNPATCHED=1``) the first prefill hands the
   simulated operator what its documentation excludes - upstream's ``swa_mask`` with sparse_mode 4 (the device accepts
   it and computes something undocumented: docs/upstream.md §4.4) and, from 0.17.0rc1 on, before that a non-contiguous
@@ -42,20 +42,29 @@ def test_native_full_decode_only_is_refused_at_startup():
 
 
 if not matrix.native_attention(ROW):  # layouts H and G: our attention runs the sink and sliding layers
-    @pytest.mark.expensive(75)
+    @pytest.mark.expensive(100)
     def test_main_job_tokens_equal_transformers_with_the_patch_and_not_without():
-        """The main job (PIECEWISE, TP 1) through this release's real engine: every exchange's greedy tokens and
-        log-probabilities equal transformers' with the patches, and the first GPT-OSS forwards in the engine core took
-        our attention path (and, on layout G, our MoE activation path); without them the server answers no request.
+        """The main job (PIECEWISE, tensor parallel 2: two worker processes of vLLM's multiprocessing executor, each
+        holding gpt-oss-120b's per-rank shapes at TP 8) through this release's real engine: every exchange's greedy
+        tokens and log-probabilities equal transformers' with the patches, and the first GPT-OSS forwards on both ranks
+        took our attention path (and, on layout G, our MoE activation path), with the all-reduces captured into each
+        rank's graphs; without the patches (TP 1, eager) the server answers no request.
         """
-        report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=8, startup_timeout=600)
+        report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=8, startup_timeout=600,
+                               checkpoint_format="bf16-tp2", tensor_parallel_size=2)
         serve_job.print_report(report)
         assert report.started, report.log_tail
         assert all(p["decision"] == "apply" for p in report.processes), report.processes
-        engine = {(u["capability"], u["path"]) for u in report.first_use if "EngineCore" in u["process"]}
-        assert ("attention", "patched") in engine, report.first_use
-        assert (("moe", "patched") in engine) == (ROW.layout == "G"), report.first_use
+        ranks = {u["pid"] for u in report.first_use if "Worker" in u["process"]}
+        assert len(ranks) == 2, report.first_use
+        for pid in ranks:
+            used = {(u["capability"], u["path"]) for u in report.first_use if u["pid"] == pid}
+            assert ("attention", "patched") in used, report.first_use
+            assert (("moe", "patched") in used) == (ROW.layout == "G"), report.first_use
         assert any("PIECEWISE" in k for k in report.graph_captures), report.graph_captures
+        # per forward the embedding's all-reduce and, in each of the 4 layers, the attention output's and the MoE's (9),
+        # once per capture size (1, 2, 4): as in the patched cells (tests/cell/test_serve.py)
+        assert report.hccl_tasks == {pid: 9 * 3 for pid in ranks}, report.hccl_tasks
         assert len(report.exchanges) == 6 and all(len(e.generated) == 8 for e in report.exchanges)
         for e in report.exchanges:
             assert e.generated == e.reference and e.max_logprob_diff <= serve_job.LOGPROB_TOLERANCE, \
