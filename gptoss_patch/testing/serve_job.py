@@ -233,20 +233,24 @@ def ray_head(env: dict[str, str], num_npus: int = 2) -> Iterator[str]:
     ray = Path(sys.executable).parent / "ray"
     if not ray.exists():
         raise RuntimeError(f"Ray is not installed beside {sys.executable}: pip install ray (the 0.11.0 cell has it)")
+    import shutil
+
     port = free_port()
     temp = f"/tmp/ray-gptoss-{os.getpid()}"  # short: Ray's socket paths live under it
-    start = subprocess.run([str(ray), "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
-                            f"--num-cpus={max(4, num_npus)}", f'--resources={{"NPU": {num_npus}}}',
-                            "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
-                           env=env, capture_output=True, text=True, timeout=300)
-    if start.returncode != 0:
-        raise RuntimeError(f"ray start failed ({start.returncode}):\n{start.stdout[-2000:]}\n{start.stderr[-2000:]}")
-    try:
+    try:  # whatever happens from here on - a failed or timed-out start too - the head is stopped
+        start = subprocess.run([str(ray), "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
+                                f"--num-cpus={max(4, num_npus)}", f'--resources={{"NPU": {num_npus}}}',
+                                "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={temp}"],
+                               env=env, capture_output=True, text=True, timeout=300)
+        if start.returncode != 0:
+            raise RuntimeError(f"ray start failed ({start.returncode}):\n{start.stdout[-2000:]}\n"
+                               f"{start.stderr[-2000:]}")
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run([str(ray), "stop", "--force"], env=env, capture_output=True, timeout=120)
-        import shutil
-
+        try:
+            subprocess.run([str(ray), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        except subprocess.TimeoutExpired:  # never hide the error that brought us here
+            pass
         shutil.rmtree(temp, ignore_errors=True)
 
 

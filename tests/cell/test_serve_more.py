@@ -17,6 +17,14 @@ from test_serve import WORKDIR, _checks
 from gptoss_patch.testing import serve_job
 
 
+def _every_token_matches(report: serve_job.ServeReport) -> None:
+    """All six exchanges equal transformers' tokens and log-probabilities, and ``verify --server`` passed."""
+    assert len(report.exchanges) == 6
+    for e in report.exchanges:
+        assert e.ok, (e.label, e.generated, e.reference, e.max_logprob_diff)
+    assert report.ok, (report.verify_server_exit, report.verify_server_problems)
+
+
 @pytest.mark.expensive(25)
 def test_unpatched_vllm_serve_is_stopped_by_the_guard_at_startup(tmp_path):
     """GPTOSS_PATCH_DISABLE=1: the engine core refuses to build the GPT-OSS model, with the guard's message; the server
@@ -77,12 +85,14 @@ def test_vllm_serve_expert_parallel_2():
 
 @pytest.mark.expensive(90)
 def test_vllm_serve_expert_parallel_2_on_atlas_a3_mc2_and_all2all():
-    """``--tensor-parallel-size 2 --enable-expert-parallel`` on a simulated Atlas A3 (``GPTOSS_PATCH_SIM_SOC_VERSION=250``,
-    Ascend910_9391). vllm-ascend 0.11.0 (``NPUModelRunner._select_moe_comm_method``) picks MC2 on A3 for batches
+    """``--tensor-parallel-size 2 --enable-expert-parallel`` on a simulated Atlas A3
+    (``GPTOSS_PATCH_SIM_SOC_VERSION=250``, Ascend910_9391). vllm-ascend 0.11.0 (``NPUModelRunner._select_moe_comm_method``) picks MC2 on A3 for batches
     within its MC2 capacity (the largest capture size, 4 tokens) and All2All above it: the decode steps run
     ``npu_moe_distribute_dispatch_v2`` / ``combine_v2`` (inside the replayed PIECEWISE graphs), the prefills
     vllm-ascend's All2All dispatcher. The model has hidden size 1024, the least the MC2 operators take on A3
-    (docs/operators.md section 4.5); every rank holds 4 whole experts. Tokens equal transformers'."""
+    (docs/operators.md section 4.5); every rank holds 4 whole experts. Tokens equal transformers'. The server runs in
+    float32, like every served test (exact comparison): MC2's operators take bf16/fp16 on the device, float32 only as the
+    simulator's documented extension (``moe_distribute.ACCEPT_FLOAT32``)."""
     report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=12, checkpoint_format="bf16-h1024",
                            tensor_parallel_size=2, extra_args=["--enable-expert-parallel"],
                            extra_env={"GPTOSS_PATCH_SIM_SOC_VERSION": "250"})
@@ -95,10 +105,7 @@ def test_vllm_serve_expert_parallel_2_on_atlas_a3_mc2_and_all2all():
         assert report.sim_ops.get(op) == workers, (op, report.sim_ops)  # MC2 and All2All ran on both ranks
     assert "npu_moe_init_routing_v2" not in report.sim_ops, report.sim_ops  # AllGather did not: A3 has no use for it
     assert report.npu_graphs.get("replays", 0) >= 4, report.npu_graphs
-    assert len(report.exchanges) == 6
-    for e in report.exchanges:
-        assert e.ok, (e.label, e.generated, e.reference, e.max_logprob_diff)
-    assert report.ok, (report.verify_server_exit, report.verify_server_problems)
+    _every_token_matches(report)
 
 
 @pytest.mark.expensive(150)
@@ -124,10 +131,7 @@ def test_vllm_serve_tensor_parallel_2_ray():
         used = {(u["capability"], u["path"]) for u in report.first_use if u["pid"] == pid}
         assert {("attention", "patched"), ("moe", "patched")} <= used, (pid, report.first_use)
     assert report.hccl_tasks == {pid: 9 * 3 for pid in model_pids}, report.hccl_tasks  # as test_serve's TP 2
-    assert len(report.exchanges) == 6
-    for e in report.exchanges:
-        assert e.ok, (e.label, e.generated, e.reference, e.max_logprob_diff)
-    assert report.ok, (report.verify_server_exit, report.verify_server_problems)
+    _every_token_matches(report)
 
 
 @pytest.mark.expensive(40)

@@ -2,7 +2,8 @@
 EP ranks in two processes, each with its own tokens and top-k experts, 8 experts (4 per rank), H = 1024.
 
 Between dispatch and combine each rank applies a different function per expert to the rows it received, using only
-what dispatch returned (``expert_token_nums`` says which rows belong to which local expert), with device ops only. The result must equal the
+what dispatch returned (``expert_token_nums`` says which rows belong to which local expert), with device ops only.
+The result must equal the
 token-by-token computation ``Σ_k w[t, k] · f_{id[t, k]}(x[t])`` done on the sending rank - so every row went to the
 rank and expert it was routed to and came back to its own token. Also: a padded batch (``x_active_mask``), the same
 three operators captured in an NPU graph and replayed on new tokens (the exchange runs again), and the documented
@@ -67,7 +68,7 @@ _WORKER = textwrap.dedent(r"""
             tp_send_counts=tp_recv, expand_scales=exp_scales, group_tp=name, tp_world_size=1, tp_rank_id=0,
             expert_shard_type=0, shared_expert_rank_num=0, global_bs=0, x_active_mask=mask)
         shapes = {"expand_x": list(expand_x.shape), "assist": list(assist.shape), "nums": [nums.dtype == torch.int64,
-                  len(ends)], "ep_recv": list(ep_recv.shape), "tp_recv": tp_recv.tolist(),
+                  len(ends)], "ep_recv": list(ep_recv.shape), "tp_recv": [list(tp_recv.shape), str(tp_recv.dtype)],
                   "unwritten_nan": bool(torch.isnan(expand_x[ends[-1]:].float()).all()),
                   "none": [dyn is None, exp_scales is None]}
         return combined, shapes, ends[-1]
@@ -106,7 +107,20 @@ _WORKER = textwrap.dedent(r"""
     outs = [torch.empty(3, 4), torch.empty(2, 4)]
     dist.all_gather(outs, mine, group=ep)
     out["gather_v"] = [o[:, 0].tolist() for o in outs]
-    # 5. documented limits and what is not emulated
+    # 5. ranks with different BS (rank 0: 5 tokens, rank 1: 3): global_bs = max BS * ep_world_size is required
+    x, ids, w = tokens(50 + rank, 5 - 2 * rank)
+    def uneven(gbs):
+        ex, _, assist, nums, ep_recv, tp_recv, _ = torch_npu.npu_moe_distribute_dispatch_v2(
+            x, ids, name, 2, rank, E, global_bs=gbs, expert_token_nums_type=0, tp_world_size=1)
+        local = torch.searchsorted(nums, torch.arange(ex.shape[0]), right=True).clamp(max=L - 1)
+        e = (rank * L + local).unsqueeze(1).float()
+        y = (ex.float() * (e + 1) + 0.25 * e).to(torch.bfloat16)
+        return torch_npu.npu_moe_distribute_combine_v2(y, ids, assist, ep_recv, w, name, 2, rank, E,
+                                                       tp_send_counts=tp_recv, global_bs=gbs, tp_world_size=1)
+    got = uneven(10)
+    out["uneven_bs"] = {"err": float((got.float() - reference(x, ids, w).float()).abs().max()),
+                        "scale": float(reference(x, ids, w).float().abs().max()), "rows": list(got.shape)}
+    # 6. documented limits and what is not emulated
     def refused(fn):
         try:
             fn()
@@ -129,6 +143,24 @@ _WORKER = textwrap.dedent(r"""
     out["float32_real"] = refused(lambda: torch_npu.npu_moe_distribute_dispatch_v2(
         torch.zeros(2, H), two, name, 2, rank, E))
     moe_distribute.ACCEPT_FLOAT32 = True
+    out["uneven_no_global_bs"] = refused(lambda: uneven(0))
+    # a refusal on one rank only (a repeated id on rank 1) raises on both, instead of leaving rank 0 waiting
+    bad = torch.tensor([[0, 1], [2, 3]] if rank == 0 else [[1, 1], [2, 3]], dtype=torch.int32)
+    out["one_rank_refused"] = refused(lambda: torch_npu.npu_moe_distribute_dispatch_v2(
+        torch.zeros(2, H, dtype=torch.bfloat16), bad, name, 2, rank, E))
+    # combine: what it must refuse
+    x, ids, w = tokens(60 + rank, 4)
+    ex, _, assist, nums, ep_recv, tp_recv, _ = torch_npu.npu_moe_distribute_dispatch_v2(x, ids, name, 2, rank, E)
+    out["combine_2d_mask"] = refused(lambda: torch_npu.npu_moe_distribute_combine_v2(
+        ex, ids, assist, ep_recv, w, name, 2, rank, E, x_active_mask=torch.ones(4, K, dtype=torch.bool)))
+    out["combine_counts_shape"] = refused(lambda: torch_npu.npu_moe_distribute_combine_v2(
+        ex, ids, assist, ep_recv[:-1], w, name, 2, rank, E))
+    wide = torch.zeros(ex.shape[0], 8192, dtype=torch.bfloat16)
+    out["combine_h8192"] = refused(lambda: torch_npu.npu_moe_distribute_combine_v2(
+        wide, ids, assist, ep_recv, w, name, 2, rank, E))
+    # the rows went out for all four tokens; a combine told that the last two were inactive gets rows it did not expect
+    out["combine_other_mask"] = refused(lambda: torch_npu.npu_moe_distribute_combine_v2(
+        ex, ids, assist, ep_recv, w, name, 2, rank, E, x_active_mask=torch.tensor([True, True, False, False])))
     device.SOC_VERSION, soc = 220, device.SOC_VERSION
     out["a2"] = refused(lambda: torch_npu.npu_moe_distribute_dispatch_v2(
         torch.zeros(2, H, dtype=torch.bfloat16), two, name, 2, rank, E))
@@ -153,7 +185,7 @@ def test_every_row_goes_to_its_expert_and_comes_back_to_its_token(ranks):
         assert plain["shapes"]["expand_x"] == [6 * 2 * 4, 1024]  # A = BS * ep_world_size * min(L, K)
         assert plain["shapes"]["assist"] == [6 * 2 * 4 * 128]
         assert plain["shapes"]["nums"] == [True, 4] and plain["shapes"]["ep_recv"] == [2 * 4]
-        assert plain["shapes"]["tp_recv"] == [plain["received"]] and plain["shapes"]["none"] == [True, True]
+        assert plain["shapes"]["tp_recv"] == [[1], "torch.int32"] and plain["shapes"]["none"] == [True, True]
         assert plain["shapes"]["unwritten_nan"]
     # 6 tokens x 4 experts on each rank = 48 (token, expert) rows in all, each delivered exactly once
     assert sum(r["plain"]["received"] for r in ranks) == 2 * 6 * 4
@@ -174,6 +206,26 @@ def test_a_captured_exchange_runs_again_at_replay(ranks):
 def test_all_gather_of_uneven_pieces_on_an_hccl_group(ranks):
     for r in ranks:
         assert r["gather_v"] == [[1.0, 1.0, 1.0], [2.0, 2.0]]
+
+
+def test_ranks_with_different_batch_sizes(ranks):
+    for r in ranks:
+        assert r["uneven_bs"]["err"] <= 2 ** -6 * r["uneven_bs"]["scale"], r["uneven_bs"]
+        assert "global_bs must be max BS * ep_world_size = 10, got 0" in r["uneven_no_global_bs"]
+    assert [r["uneven_bs"]["rows"] for r in ranks] == [[5, 1024], [3, 1024]]
+
+
+def test_combine_refuses_what_does_not_match_dispatch(ranks):
+    for r in ranks:
+        assert "x_active_mask must be 1-D" in r["combine_2d_mask"]
+        assert "ep_send_counts has shape (7,), expected (8,)" in r["combine_counts_shape"]
+        assert "H 8192 is out of range [1024, 7168]" in r["combine_h8192"]
+        assert "do not match this rank's active (token, k) slots" in r["combine_other_mask"]
+
+
+def test_a_call_refused_on_one_rank_raises_on_every_rank(ranks):
+    assert "the K expert ids of token 0 repeat" in ranks[1]["one_rank_refused"]
+    assert "another rank's call was refused" in ranks[0]["one_rank_refused"]
 
 
 def test_documented_limits_are_refused(ranks):

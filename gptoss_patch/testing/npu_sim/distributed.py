@@ -99,8 +99,8 @@ def _all_gather_v(tensor_list: list, tensor: Any, group: Any = None, async_op: b
     only, so every rank pads its tensor to the largest piece and each output takes its own rows back.
 
     Raises:
-        RuntimeError: ``tensor``'s shape is not this rank's entry of ``tensor_list``, or ``async_op`` (not used by
-            the callers this serves).
+        RuntimeError: ``tensor``'s shape is not this rank's entry of ``tensor_list``, the dtypes differ, or
+            ``async_op`` (not used by the callers this serves).
     """
     import torch
     import torch.distributed as dist
@@ -108,6 +108,9 @@ def _all_gather_v(tensor_list: list, tensor: Any, group: Any = None, async_op: b
     if async_op:
         raise RuntimeError("the simulated hccl all_gather of uneven sizes runs synchronously (async_op=False)")
     rank = dist.get_rank(group)
+    if any(t.dtype != tensor.dtype for t in tensor_list):
+        raise RuntimeError(f"all_gather: tensor_list dtypes {sorted({str(t.dtype) for t in tensor_list})} differ "
+                           f"from the input's {tensor.dtype}")
     if tuple(tensor_list[rank].shape) != tuple(tensor.shape):
         raise RuntimeError(f"all_gather: this rank's tensor has shape {tuple(tensor.shape)} but its entry of "
                            f"tensor_list has {tuple(tensor_list[rank].shape)}")
@@ -144,13 +147,13 @@ def record_collectives_in_graphs() -> None:
         sig = inspect.signature(fn)
 
         def wrapper(*args: Any, _fn=fn, _name=name, _sig=sig, **kwargs: Any) -> Any:
-            if _name == "all_gather" and _uneven(_sig, args, kwargs):
-                _fn = _all_gather_v  # HCCL's AllGatherV; gloo takes equal sizes only
-            if graph.capture_idle():  # the common case, every step of an eager run: no capture, nothing to record
-                return _fn(*args, **kwargs)
             if torch.compiler.is_compiling():
                 # TorchDynamo traces the original, which it turns into a functional collective (``_c10d_functional``)
                 # of the FX graph; graph capture records those in its dispatch mode (npu_sim.graph)
+                return _fn(*args, **kwargs)
+            if _name == "all_gather" and _uneven(_sig, args, kwargs):
+                _fn = _all_gather_v  # HCCL's AllGatherV; gloo takes equal sizes only
+            if graph.capture_idle():  # the common case, every step of an eager run: no capture, nothing to record
                 return _fn(*args, **kwargs)
             try:
                 group = _sig.bind(*args, **kwargs).arguments.get("group")

@@ -19,19 +19,23 @@ Emulation (``docs/operators.md`` §4.5):
   backend, :func:`gptoss_patch.testing.npu_sim.device.hccl_backend`); the operators exchange over that group's gloo
   backend directly, so inside an NPU graph capture the operator is one node that runs its exchange again at every
   replay (as the device replays the MC2 kernel, whose communication is part of the kernel).
-* **The received rows.** Rank ``r`` holds experts ``[r·L, (r+1)·L)``, ``L = moe_expert_num / ep_world_size``.
+* **The received rows.** Rank ``r`` holds experts ``[r·L, (r+1)·L)``, ``L = moe_expert_num / ep_world_size``
+  (UNVERIFIED: the pages define ``L`` and put shared-expert ranks first, ``expert_shard_type`` 0, but do not spell
+  out the placement; vLLM's ``determine_expert_map`` and vllm-ascend's expert maps place experts the same way).
   ``expand_x`` holds, for each local expert in ascending order, the rows routed to it, ordered by source rank and then
   by source token; ``expert_token_nums`` counts them per local expert (``expert_token_nums_type`` 0: prefix sums, 1:
   counts). ``expand_x`` has the documented ``A = BS·ep_world_size·min(L, K)`` rows (``global_bs·min(L, K)`` when
-  ``global_bs`` is given); the rows past the received ones are memory the operator does not write (poisoned as
-  ``docs/simulator.md`` §7 describes: NaN, or the largest finite value with ``GPTOSS_PATCH_SIM_UNINITIALISED=finite``). The page leaves the order of rows within an expert to the implementation; any order is
-  correct as long as combine returns each row to its token, which is all vllm-ascend relies on.
+  ``global_bs`` is given); the rows past the received ones are memory the operator does not write (UNVERIFIED: the
+  pages do not say what those rows hold), poisoned as ``docs/simulator.md`` §7 describes: NaN, or the largest finite
+  value with ``GPTOSS_PATCH_SIM_UNINITIALISED=finite``. The page leaves the order of rows within an expert to the
+  implementation; any order is correct as long as combine returns each row to its token, which is all vllm-ascend
+  relies on.
 * **The bookkeeping outputs** (``assist_info_for_combine``, ``ep_recv_counts``, ``tp_recv_counts``): the page says
   their values differ between products and versions and must only be passed to combine. The simulator writes its
   own: ``ep_recv_counts`` (``(ep_world_size·L,)`` int32, A3's shape) the prefix sums of the rows received per (local
   expert, source rank); ``assist_info_for_combine`` (``(A·128,)`` int32) the ``(source rank, token, k)`` of each
-  received row in its first ``3·A`` entries; ``tp_recv_counts`` (``(max(tp_world_size, 1),)`` int32) the rows
-  received. ``expand_scales`` is None on A3 (documented), ``dynamic_scales`` None without quantisation.
+  received row in its first ``3·A`` entries; ``tp_recv_counts`` (``(tp_world_size,)`` int32) the rows received.
+  ``expand_scales`` is None on A3 (documented), ``dynamic_scales`` None without quantisation.
 * **Combine** returns the rows to their ranks and computes, per token ``t``, ``x[t] = Σ_k expert_scales[t, k] ·
   row(t, k)`` in float32 (``+ shared_expert_x[t]`` if given), cast to ``expand_x``'s dtype. Rows of tokens that
   ``x_active_mask`` excluded were never sent; the page does not say what combine writes for them, so they are
@@ -175,13 +179,15 @@ def npu_moe_distribute_dispatch_v2(
 
     Returns:
         ``(expand_x (A, H) x.dtype, dynamic_scales None, assist_info_for_combine (A*128,) int32,
-        expert_token_nums (L,) int64, ep_recv_counts (ep_world_size*L,) int32, tp_recv_counts (max(tp_world_size,
-        1),) int32, expand_scales None)``, ``A = BS·ep_world_size·min(L, K)`` (``global_bs·min(L, K)`` if set).
+        expert_token_nums (L,) int64, ep_recv_counts (ep_world_size*L,) int32, tp_recv_counts (tp_world_size,)
+        int32, expand_scales None)``, ``A = BS·ep_world_size·min(L, K)`` (``global_bs·min(L, K)`` if set).
 
     Raises:
         RuntimeError: a documented limit is broken (H outside [1024, 8192], BS outside (0, 512], K outside
             (0, 16], ep_world_size outside [2, 768], experts not divisible, dtype, mask order, ids out of range or
-            repeated, an unknown ``group_ep``, ranks' BS differing without a ``global_bs`` that covers them).
+            repeated, an unknown ``group_ep``, ``global_bs`` other than 0 or BS·ep_world_size for equal BS, or
+            other than max BS·ep_world_size when the ranks' BS differ, or not the same on every rank); a call
+            refused on another rank of the group raises here too.
         NotEmulatedError: the device is not an Atlas A3, or quantisation, a TP domain, shared-expert ranks,
             special experts, ``elastic_info`` or ``comm_alg="fullmesh_v2"`` is asked for.
 
@@ -213,17 +219,34 @@ def npu_moe_distribute_dispatch_v2(
     bs, hidden = int(x.shape[0]), int(x.shape[1])
     k = int(expert_ids.shape[1])
     local = _check_common(op, ep_world_size, ep_rank_id, moe_expert_num, k, bs, hidden, 8192, 768, 1024)
-    active = _active_slots(op, x_active_mask, bs, k)
-    _check_routing(op, expert_ids, moe_expert_num, active)
     backend = _backend(op, group_ep, ep_world_size, ep_rank_id)
-
-    sizes = [int(s) for s in _all_gather(backend, torch.tensor([bs], dtype=torch.int64))]
+    # checks of this rank's data: every rank learns the outcome before any exchange, so a refused call raises on every
+    # rank instead of leaving the others waiting for it (a real collective would hang until HCCL's timeout)
+    error: RuntimeError | None = None
+    try:
+        active = _active_slots(op, x_active_mask, bs, k)
+        _check_routing(op, expert_ids, moe_expert_num, active)
+    except RuntimeError as exc:
+        error, active = exc, torch.zeros(bs, k, dtype=torch.bool)
+    agreed = _all_gather(backend, torch.tensor([bs, global_bs, int(error is None), int(bool(active.all()))],
+                                                dtype=torch.int64))
+    if error is not None:
+        raise error
+    if not all(int(a[2]) for a in agreed):
+        raise RuntimeError(f"{op}: another rank's call was refused (see its error)")
+    sizes = [int(a[0]) for a in agreed]
     max_bs = max(sizes)
-    if len(set(sizes)) > 1 and global_bs < max_bs * ep_world_size:
-        raise RuntimeError(f"{op}: the ranks' BS differ ({sizes}); pass global_bs >= max BS * ep_world_size "
-                           f"= {max_bs * ep_world_size}")
-    if global_bs and len(set(sizes)) > 1 and not bool(active.all()):
-        raise RuntimeError(f"{op}: when the ranks' BS differ every token must be active (x_active_mask)")
+    if len({int(a[1]) for a in agreed}) > 1:
+        raise RuntimeError(f"{op}: global_bs must be the same on every rank, got {[int(a[1]) for a in agreed]}")
+    if len(set(sizes)) > 1:  # OPD-mdd2 global_bs: max BS * ep_world_size when the ranks' BS differ
+        if global_bs != max_bs * ep_world_size:
+            raise RuntimeError(f"{op}: the ranks' BS differ ({sizes}); global_bs must be max BS * ep_world_size = "
+                               f"{max_bs * ep_world_size}, got {global_bs}")
+        if not all(int(a[3]) for a in agreed):
+            raise RuntimeError(f"{op}: when the ranks' BS differ every token must be active (x_active_mask)")
+    elif global_bs not in (0, bs * ep_world_size):  # equal BS: 0 or BS * ep_world_size
+        raise RuntimeError(f"{op}: with the same BS {bs} on every rank global_bs must be 0 or "
+                           f"{bs * ep_world_size}, got {global_bs}")
 
     def padded(t: torch.Tensor, fill: Any) -> torch.Tensor:
         out = torch.full((max_bs,) + tuple(t.shape[1:]), fill, dtype=t.dtype)
@@ -246,9 +269,7 @@ def npu_moe_distribute_dispatch_v2(
                 received.append(xs[src][t])
                 origin.append((src, t, kk))
             counts[e, src] = int(hit.sum())
-    n = len(received)
-    if n > rows:
-        raise RuntimeError(f"{op}: {n} rows arrived for {rows} rows of expand_x")  # cannot happen within the limits
+    n = len(received)  # <= rows: each of the ws * max BS tokens sends at most min(L, K) rows here
 
     expand_x = _poison_like_float((rows, hidden), x.dtype)
     if n:
@@ -259,7 +280,7 @@ def npu_moe_distribute_dispatch_v2(
     per_expert = counts.sum(dim=1)
     expert_token_nums = per_expert.cumsum(0) if expert_token_nums_type == 0 else per_expert
     ep_recv_counts = counts.reshape(-1).cumsum(0).to(torch.int32)
-    tp_recv_counts = torch.tensor([n] * max(tp_world_size, 1), dtype=torch.int32)
+    tp_recv_counts = torch.tensor([n] * tp_world_size, dtype=torch.int32)  # (tp_world_size,): empty for 0
     return expand_x, None, assist, expert_token_nums.to(torch.int64), ep_recv_counts, tp_recv_counts, None
 
 
@@ -289,9 +310,9 @@ def npu_moe_distribute_combine_v2(
         ``(BS, H)`` tensor of ``expand_x``'s dtype; rows of tokens excluded by ``x_active_mask`` are uninitialised.
 
     Raises:
-        RuntimeError: a documented limit is broken (as for dispatch; H outside [1024, 7168], ep_world_size outside
-            [2, 384], ``moe_expert_num`` above 512 or over 1280 experts in all), shapes that do not match dispatch's
-            outputs, an unknown ``group_ep``.
+        RuntimeError: a documented limit is broken (as for dispatch; H outside [1024, 7168] - the combine page's
+            range, narrower than dispatch's 8192 -, ep_world_size outside [2, 384], ``moe_expert_num`` above 512, a
+            2-D ``x_active_mask``), shapes or dtypes that do not match dispatch's outputs, an unknown ``group_ep``.
         NotEmulatedError: the device is not an Atlas A3, or ``comm_quant_mode`` 2, a TP domain, shared-expert ranks.
 
     Source: op-plugin ``docs/context/torch_npu-npu_moe_distribute_combine_v2.md`` (OPD-mdc2); docs/operators.md §4.5.
@@ -314,8 +335,15 @@ def npu_moe_distribute_combine_v2(
     bs, k = int(expert_ids.shape[0]), int(expert_ids.shape[1])
     rows, hidden = int(expand_x.shape[0]), int(expand_x.shape[1])
     local = _check_common(op, ep_world_size, ep_rank_id, moe_expert_num, k, bs, hidden, 7168, 384, 512)
-    if local * ep_world_size > 1280:
-        raise RuntimeError(f"{op}: moe_expert_num / ep_world_size * ep_world_size must be <= 1280")
+    # (the page's "moe_expert_num / ep_world_size * ep_world_size <= 1280" cannot bind without shared-expert ranks)
+    if x_active_mask is not None and x_active_mask.dim() != 1:
+        raise RuntimeError(f"{op}: x_active_mask must be 1-D ({bs},) on Atlas A3, got {tuple(x_active_mask.shape)}")
+    if assist_info_for_combine.dtype != torch.int32 or ep_send_counts.dtype != torch.int32:
+        raise RuntimeError(f"{op}: assist_info_for_combine and ep_send_counts must be int32, got "
+                           f"{assist_info_for_combine.dtype} and {ep_send_counts.dtype}")
+    need = (global_bs or bs * ep_world_size) * min(local, k)
+    if rows < need:
+        raise RuntimeError(f"{op}: expand_x has {rows} rows, fewer than A = {need} (global_bs={global_bs})")
     if tuple(expert_scales.shape) != (bs, k) or expert_scales.dtype != torch.float32:
         raise RuntimeError(f"{op}: expert_scales must be ({bs}, {k}) float32, got {tuple(expert_scales.shape)} "
                            f"{expert_scales.dtype}")
@@ -326,6 +354,7 @@ def npu_moe_distribute_combine_v2(
         raise RuntimeError(f"{op}: ep_send_counts has shape {tuple(ep_send_counts.shape)}, expected "
                            f"({ep_world_size * local},) (Atlas A3)")
     active = _active_slots(op, x_active_mask, bs, k)
+    _check_routing(op, expert_ids, moe_expert_num, active)
     backend = _backend(op, group_ep, ep_world_size, ep_rank_id)
 
     n = int(ep_send_counts[-1]) if ep_send_counts.numel() else 0
@@ -352,9 +381,10 @@ def npu_moe_distribute_combine_v2(
         raise RuntimeError(f"{op}: the rows returned do not match this rank's active (token, k) slots - were "
                            "dispatch's outputs passed unchanged?")
     if shared_expert_x is not None:
-        if shared_expert_x.shape[-1] != hidden or shared_expert_x.numel() != bs * hidden:
-            raise RuntimeError(f"{op}: shared_expert_x has shape {tuple(shared_expert_x.shape)}, expected "
-                               f"({bs}, {hidden})")
+        if (shared_expert_x.dtype != expand_x.dtype or shared_expert_x.dim() not in (2, 3)
+                or shared_expert_x.shape[-1] != hidden or shared_expert_x.numel() != bs * hidden):
+            raise RuntimeError(f"{op}: shared_expert_x has shape {tuple(shared_expert_x.shape)} "
+                               f"{shared_expert_x.dtype}, expected ({bs}, {hidden}) {expand_x.dtype}")
         out += shared_expert_x.reshape(bs, hidden).float()
     result = out.to(expand_x.dtype)
     unsent = ~active.any(dim=1)  # never sent: the page does not say what combine writes there
