@@ -7,7 +7,9 @@ matrix doubles and still fits").
     python3 scripts/test_ids.py --diff /tmp/ids-before /tmp/ids-now    # per session: kept / dropped / added
 
 Collection only (``pytest --collect-only -q``, nothing runs), in the cached venvs that ``nox`` built
-(``GPTOSS_PATCH_VENV_CACHE``, default ``~/.cache/gptoss-patch/venvs``; run ``nox -s tests`` once first). Each
+(``GPTOSS_PATCH_VENV_CACHE``, default ``~/.cache/gptoss-patch/venvs``; run ``nox -s tests`` once first), each behind
+a throwaway overlay with gptoss-patch and its runtime dependencies, as nox runs the tests (``noxfile.overlay_venv``;
+needs ``nox`` and ``uv`` beside this python, as the README's commands install them). Each
 session's paths come from the revision's own ``noxfile.py`` (``CELLS[release]["tests"]``, and the 0.11.0 cell's
 ``unit_upstream`` run as a session of its own); the marker expression is the one ``nox -s tests`` uses (``not soak``
 where that revision's noxfile has the ``soak`` marker, ``not upstream`` for the unit session). The revision's tree
@@ -54,6 +56,18 @@ def _venv_python(session: str) -> Path | None:
     return found[-1] / "bin" / "python" if found else None
 
 
+def _overlay(base_py: Path, tree: Path, dest: Path) -> Path:
+    """A throwaway venv over the cached venv of ``base_py`` with ``tree``'s gptoss-patch and its runtime dependencies
+    (this checkout's ``noxfile.overlay_venv``); returns its python. Raises ``subprocess.CalledProcessError`` when the
+    install fails."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        import noxfile
+    finally:
+        sys.path.remove(str(ROOT))
+    return noxfile.overlay_venv(base_py, tree, dest)
+
+
 def collect(tree: Path, out: Path, only: list[str] | None = None) -> dict[str, int]:
     """Collect the test ids of every session of ``tree`` (or of the sessions named in ``only``) into
     ``out/<session>.txt``; returns ``{session: count}``."""
@@ -81,10 +95,14 @@ def collect(tree: Path, out: Path, only: list[str] | None = None) -> dict[str, i
         env.update(PYTHONPATH=str(tree))
         if release is not None:
             env["GPTOSS_CELL"] = release
-        args = [str(py), "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *paths]
-        if marks:
-            args += ["-m", marks]
-        proc = subprocess.run(args, capture_output=True, text=True, cwd=tree, env=env)
+        with tempfile.TemporaryDirectory(prefix="test-ids-") as tmp:
+            # the cached venvs hold upstream's wheels only; gptoss-patch and its runtime dependencies (wrapt) go into
+            # a private overlay, as nox installs them (noxfile.overlay_venv)
+            own = _overlay(py, tree, Path(tmp) / "venv")
+            args = [str(own), "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q", *paths]
+            if marks:
+                args += ["-m", marks]
+            proc = subprocess.run(args, capture_output=True, text=True, cwd=tree, env=env)
         ids = sorted(line for line in proc.stdout.splitlines() if "::" in line)
         if proc.returncode != 0 or not ids:
             print(f"{session}: collection failed (exit {proc.returncode}):\n{proc.stdout[-1500:]}{proc.stderr[-1500:]}",
