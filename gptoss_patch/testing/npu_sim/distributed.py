@@ -93,8 +93,9 @@ def _uneven(sig: inspect.Signature, args: tuple, kwargs: dict) -> bool:
 def _all_gather_v(tensor_list: list, tensor: Any, group: Any = None, async_op: bool = False) -> None:
     """``torch.distributed.all_gather`` with outputs of different sizes on an ``hccl`` group: entry ``i`` of
     ``tensor_list`` receives rank ``i``'s ``tensor``, whatever the sizes (HCCL's AllGatherV: ``recvCounts[i]``
-    elements from rank i at ``recvDispls[i]``; CANN "HcclAllGatherV"; torch_npu's ``ProcessGroupHCCL`` loads
-    ``HcclAllGatherV`` for this case, ``HcclCompile.h``). vllm-ascend 0.11.0's All2All finalize all-gathers
+    elements from rank i at ``recvDispls[i]``; CANN "HcclAllGatherV"). UNVERIFIED: torch_npu loads ``HcclAllGatherV``
+    (``HcclCompile.h``), but that its ``ProcessGroupHCCL::allgather`` takes it for outputs of different sizes - as
+    PyTorch's ``ProcessGroupNCCL::allgather`` handles them - was not read in its source. vllm-ascend 0.11.0's All2All finalize all-gathers
     ``torch.tensor_split`` pieces, which differ by a row for an odd token count at TP 2. gloo gathers equal sizes
     only, so every rank pads its tensor to the largest piece and each output takes its own rows back.
 
