@@ -50,3 +50,12 @@ def int_list(minimum: int) -> Callable[[str], list[int]]:
         return values
 
     return parse
+
+
+def prog(script: str, module: str) -> str:
+    """argparse ``prog=`` for a tool reachable both as the console script ``script`` (``[project.scripts]`` of
+    pyproject.toml) and as ``python -m module``: the name the user typed, so usage lines and errors repeat it."""
+    import os
+    import sys
+
+    return script if os.path.basename(sys.argv[0] if sys.argv else "") == script else f"python -m {module}"

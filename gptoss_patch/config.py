@@ -66,7 +66,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable(MOE_PAD, "choice", ("auto", "always", "never"), default="auto"),
     Variable(SIMULATE_NPU, "bool"),
     Variable(SIM_SOC_VERSION, "soc", SOC_VERSIONS),
-    Variable(CACHE_DIR, "path", readme=False),      # gptoss_patch.tokenizer / testing.main_job: prepared files
+    Variable(CACHE_DIR, "path", readme=False),      # gptoss_patch.ops.tokenizer / testing.main_job: prepared files
     Variable(WHEEL_CACHE, "path", readme=False),    # gptoss_patch.testing.release_source: downloaded releases
     Variable(VENV_CACHE, "path", readme=False),     # noxfile.py: the cached test environments
     Variable(SIM_NPU_MEMORY, "bytes", default=str(8 << 30), readme=False),  # testing.npu_sim.runtime: capacity

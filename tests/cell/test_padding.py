@@ -516,37 +516,43 @@ def test_whole_model_through_vllms_loader_with_nz(ckpt, configs, mods, nz_on):
 
 
 def test_verify_model_option(tmp_path, capsys, monkeypatch, cell, rule):
-    """``python -m gptoss_patch.verify --model DIR --tensor-parallel-size N`` on a gpt-oss-120b config.json: the padding
-    line states the cell's NZ rule (0.11.0: only with eagle; 0.12.0rc1: yes by default; 0.13.0+: no unless
-    ``VLLM_ASCEND_ENABLE_NZ=2``)."""
+    """``python -m gptoss_patch.verify --model DIR --tensor-parallel-size N`` on a gpt-oss-120b config.json: the
+    checkpoint report (:func:`gptoss_patch.ops.checkpoint.moe_padding_facts`, the one answer) states the per-rank
+    intermediate, its padded size and the cell's NZ rule (0.11.0: only with eagle; 0.12.0rc1: yes by default; 0.13.0+:
+    no unless ``VLLM_ASCEND_ENABLE_NZ=2``)."""
     from gptoss_patch import verify
+    from gptoss_patch.ops.checkpoint import moe_padding_facts
     from gptoss_patch.testing.tiny import config_for
 
     config_for("120b-rank", num_hidden_layers=36, num_local_experts=128).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
     monkeypatch.delenv("VLLM_ASCEND_ENABLE_NZ", raising=False)
     monkeypatch.delenv("GPTOSS_PATCH_MOE_PAD", raising=False)
     monkeypatch.setenv("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # verify --json sets it; restored afterwards
-    r = verify.model_report(str(tmp_path), 8)
-    assert (r["num_local_experts"], r["moe_intermediate_per_rank"], r["moe_padded_to"]) == (128, 360, 368)
+    r = moe_padding_facts(config, 8)
+    assert (config["num_local_experts"], r["intermediate_size_per_rank"], r["intermediate_padded_to"]) == \
+        (128, 360, 368)
     default_line = ("yes (vllm-ascend" if rule.casts(1) else
                     "only with eagle/eagle3 speculative decoding" if rule.casts(1, eagle=True) else
                     f"no (vllm-ascend {cell} keeps")
-    assert r["moe_padding"].startswith(default_line)
-    assert verify.model_report(str(tmp_path), 4)["moe_padded_to"] is None
+    assert r["intermediate_padding"].startswith(default_line)
+    assert moe_padding_facts(config, 4)["intermediate_padded_to"] is None
     monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "2")
-    assert verify.model_report(str(tmp_path), 16)["moe_padding"].startswith("yes (vllm-ascend" if rule.casts(2) else
-                                                                           "only with eagle")
+    assert moe_padding_facts(config, 16)["intermediate_padding"].startswith(
+        "yes (vllm-ascend" if rule.casts(2) else "only with eagle")
     monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "0")
-    assert verify.model_report(str(tmp_path), 16)["moe_padding"].startswith(f"no (vllm-ascend {cell} keeps")
+    assert moe_padding_facts(config, 16)["intermediate_padding"].startswith(f"no (vllm-ascend {cell} keeps")
     monkeypatch.setenv("GPTOSS_PATCH_MOE_PAD", "always")
-    assert verify.model_report(str(tmp_path), 16)["moe_padding"] == "yes (GPTOSS_PATCH_MOE_PAD=always)"
+    assert moe_padding_facts(config, 16)["intermediate_padding"] == "yes (GPTOSS_PATCH_MOE_PAD=always)"
     monkeypatch.delenv("GPTOSS_PATCH_MOE_PAD")
     monkeypatch.delenv("VLLM_ASCEND_ENABLE_NZ")
-    # the CLI (other --model sections may add their own problems for a config-only directory: not asserted here)
+    # the CLI (a config-only directory: the checkpoint report also names the missing safetensors; not asserted here)
     verify.main(["--model", str(tmp_path), "--tensor-parallel-size", "8", "--no-children", "--json"])
-    report = json.loads(capsys.readouterr().out)
-    assert (report["model"]["moe_intermediate_per_rank"], report["model"]["moe_padded_to"]) == (360, 368)
+    facts = json.loads(capsys.readouterr().out)["checkpoint"]["facts"]
+    assert (facts["intermediate_size_per_rank"], facts["intermediate_padded_to"]) == (360, 368)
+    assert facts["intermediate_padding"].startswith(default_line)
     verify.main(["--model", str(tmp_path), "--tensor-parallel-size", "8", "--no-children"])
     printed = capsys.readouterr().out
-    assert f"tensor parallel 8: MoE intermediate per rank 360 -> padded to 368; padding: {default_line}" in printed
+    assert "intermediate size per rank: 360" in printed and "intermediate padded to: 368" in printed
+    assert f"intermediate padding: {default_line}" in printed
     assert verify.main(["--model", str(tmp_path / "missing"), "--no-children"]) == 1

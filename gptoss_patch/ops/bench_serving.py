@@ -1,6 +1,6 @@
 """Performance runner: fixed-length serving benchmarks of an OpenAI-compatible server through ``evalscope perf``.
 
-    python scripts/bench_serving.py --server http://HOST:8000 --model NAME --tokenizer CHECKPOINT_DIR \\
+    gptoss-patch-bench --server http://HOST:8000 --model NAME --tokenizer CHECKPOINT_DIR \\
         [--scenario 128/128 --scenario 1024/1024] [--concurrency 1,10,64] [--prompts-per-level 5] [--dry-run]
 
 For each scenario ``IN/OUT`` (prompt tokens / output tokens; default 128/128 and 1024/1024) it runs one
@@ -76,7 +76,7 @@ def parse_scenario(text: str) -> Scenario:
 
 def completions_url(server: str) -> str:
     """``http(s)://HOST:PORT[/v1]`` -> ``.../v1/completions``; ``ValueError`` for anything else."""
-    from gptoss_patch.server_probe import _base
+    from gptoss_patch.ops.server_probe import _base
 
     return _base(server) + "/completions"
 
@@ -189,9 +189,10 @@ def report_lines(results: list[dict]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI; exit 0 = every level ran cleanly (or dry run), 1 = a run failed or a check failed, 2 = usage error."""
-    from gptoss_patch._cli import at_least, int_list, positive_float
+    from gptoss_patch._cli import at_least, int_list, positive_float, prog
 
-    ap = argparse.ArgumentParser(prog="python scripts/bench_serving.py", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=prog("gptoss-patch-bench", "gptoss_patch.ops.bench_serving"),
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--server", required=True, help="http://HOST:PORT of the OpenAI-compatible server")
     ap.add_argument("--model", required=True, help="served model name (--served-model-name)")
     ap.add_argument("--tokenizer", required=True, help="local checkpoint/tokenizer directory of the served model")

@@ -23,10 +23,10 @@ reading tensor data), so it runs in seconds even on the 120b checkpoint. What it
   (``num_key_value_heads % tp == 0``) or, when ``tp`` exceeds them, are replicated
   (``tp % num_key_value_heads == 0``) - vLLM's ``QKVParallelLinear`` rule; ``intermediate_size % tp == 0``
   (vLLM's fused MoE splits the expert intermediate dimension across ranks). The per-rank sizes are
-  reported as facts, with whether the per-rank intermediate size is a multiple of 16 and 32
-  (FRACTAL_NZ/fused-op alignment; 2880 / 8 = 360 is not: see the padding report of ``verify --model``).
+  reported as facts, with the per-rank MoE intermediate size, its FRACTAL_NZ padding and whether the installed
+  vllm-ascend needs it (:func:`moe_padding_facts`; 2880 / 8 = 360 is padded to 368 where the release NZ-casts).
 
-Command line: ``python -m gptoss_patch.checkpoint DIR [--tensor-parallel-size N] [--json]`` (exit 0 ok,
+Command line: ``python -m gptoss_patch.ops.checkpoint DIR [--tensor-parallel-size N] [--json]`` (exit 0 ok,
 1 problems, 2 usage error); ``python -m gptoss_patch.verify --model DIR`` includes the same report.
 """
 
@@ -35,12 +35,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["CheckReport", "expected_tensors", "check_checkpoint", "mismatched_shapes", "main", "BF16_RELEASES",
-           "rank_bf16_bytes", "CARD_BYTES"]
+from gptoss_patch.checkpoint_shapes import REQUIRED_CONFIG, expected_tensors, mismatched, read_headers
+
+__all__ = ["CheckReport", "check_checkpoint", "moe_padding_facts", "main", "BF16_RELEASES", "rank_bf16_bytes",
+           "CARD_BYTES"]
 
 #: HBM of one Atlas 800T A2 910B3 card (64 GB) and vLLM's default share of it (``gpu_memory_utilization`` 0.9).
 CARD_BYTES = 64 * 2**30
@@ -48,9 +51,6 @@ CARD_UTILIZATION = 0.9
 
 #: Where to get weights vllm-ascend can run, by ``num_hidden_layers`` of the official configs (24 / 36).
 BF16_RELEASES = {24: "unsloth/gpt-oss-20b-BF16", 36: "unsloth/gpt-oss-120b-BF16"}
-
-_REQUIRED_CONFIG = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                    "num_key_value_heads", "num_local_experts", "vocab_size")
 
 #: How many missing/mismatched tensors to list by name before summarising.
 _LIST_LIMIT = 8
@@ -86,7 +86,8 @@ class CheckReport:
         """Human-readable report lines."""
         out = [f"checkpoint {self.directory} at tensor-parallel size {self.tp}:"]
         for key, value in self.facts.items():
-            out.append(f"  {key.replace('_', ' ')}: {value}")
+            if value is not None:  # e.g. intermediate_padded_to when the size needs no padding
+                out.append(f"  {key.replace('_', ' ')}: {value}")
         out += [f"  warning: {w}" for w in self.warnings]
         out += [f"  PROBLEM: {p}" for p in self.problems]
         out.append("  result: " + ("OK" if self.ok else "NOT OK"))
@@ -98,96 +99,6 @@ def _bf16_hint(config: dict) -> str:
     choice = release or " or ".join(BF16_RELEASES.values())
     example = release or BF16_RELEASES[36]
     return f"download the BF16 release instead ({choice}; e.g. 'modelscope download --model={example} --local_dir DIR')"
-
-
-def expected_tensors(config: dict) -> dict[str, tuple[int, ...]]:
-    """name -> shape of every tensor a BF16 GPT-OSS checkpoint with ``config`` must hold.
-
-    ``config``: the parsed ``config.json`` (needs the keys of ``_REQUIRED_CONFIG``; ``head_dim``
-    defaults to ``hidden_size // num_attention_heads``, ``tie_word_embeddings`` to False). Layout as
-    written by transformers' ``GptOssForCausalLM.save_pretrained`` (names in :mod:`gptoss_patch.testing.tiny`).
-    Raises ``KeyError`` naming a missing config key.
-    """
-    for key in _REQUIRED_CONFIG:
-        if key not in config:
-            raise KeyError(key)
-    h, i, e, v = (config["hidden_size"], config["intermediate_size"], config["num_local_experts"],
-                  config["vocab_size"])
-    nq, nkv = config["num_attention_heads"], config["num_key_value_heads"]
-    d = config.get("head_dim") or h // nq
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (v, h), "model.norm.weight": (h,)}
-    if not config.get("tie_word_embeddings", False):
-        shapes["lm_head.weight"] = (v, h)
-    for layer in range(config["num_hidden_layers"]):
-        p = f"model.layers.{layer}."
-        shapes.update({
-            p + "input_layernorm.weight": (h,),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (nq * d, h), p + "self_attn.q_proj.bias": (nq * d,),
-            p + "self_attn.k_proj.weight": (nkv * d, h), p + "self_attn.k_proj.bias": (nkv * d,),
-            p + "self_attn.v_proj.weight": (nkv * d, h), p + "self_attn.v_proj.bias": (nkv * d,),
-            p + "self_attn.o_proj.weight": (h, nq * d), p + "self_attn.o_proj.bias": (h,),
-            p + "self_attn.sinks": (nq,),
-            p + "mlp.router.weight": (e, h), p + "mlp.router.bias": (e,),
-            p + "mlp.experts.gate_up_proj": (e, h, 2 * i), p + "mlp.experts.gate_up_proj_bias": (e, 2 * i),
-            p + "mlp.experts.down_proj": (e, i, h), p + "mlp.experts.down_proj_bias": (e, h),
-        })
-    return shapes
-
-
-def _read_headers(directory: Path, report: CheckReport):
-    """``(found, unavailable, assignment)`` from the safetensors headers, or None; problems go to ``report``.
-
-    ``found``: name -> (file name, shape, dtype); ``unavailable``: files missing or unreadable;
-    ``assignment``: the index's weight_map (None without an index).
-    """
-    from safetensors import SafetensorError, safe_open
-
-    index = directory / "model.safetensors.index.json"
-    assignment: dict[str, str] | None = None
-    if index.is_file():
-        try:
-            assignment = json.loads(index.read_text())["weight_map"]
-            if not isinstance(assignment, dict):
-                raise TypeError("weight_map is not an object")
-        except (ValueError, KeyError, TypeError) as exc:
-            report.problems.append(f"{index}: not a safetensors index ({type(exc).__name__}: {exc}); expected "
-                                   "JSON with a 'weight_map' object of tensor name -> shard file")
-            return None
-        files = sorted(set(assignment.values()))
-    else:
-        files = sorted(p.name for p in directory.glob("*.safetensors"))
-    if not files:
-        report.problems.append(f"{directory}: no *.safetensors files (expected model.safetensors or shards "
-                               "listed by model.safetensors.index.json)")
-        return None
-    found: dict[str, tuple[str, tuple[int, ...], str]] = {}
-    unavailable: set[str] = set()
-    for name in files:
-        path = directory / name
-        if not path.is_file():
-            unavailable.add(name)
-            named = sum(1 for f in (assignment or {}).values() if f == name)
-            report.problems.append(f"{path}: missing (model.safetensors.index.json assigns {named} tensors to it)")
-            continue
-        try:
-            with safe_open(str(path), framework="numpy") as handle:
-                for key in handle.keys():
-                    piece = handle.get_slice(key)
-                    found[key] = (name, tuple(piece.get_shape()), str(piece.get_dtype()))
-        except (SafetensorError, OSError, ValueError) as exc:
-            unavailable.add(name)
-            report.problems.append(f"{path}: unreadable safetensors header ({exc}); the file is truncated or "
-                                   "corrupt - download it again")
-    if assignment is not None:
-        for key, name in sorted(assignment.items()):
-            if key in found and found[key][0] != name:
-                report.problems.append(f"{directory / name}: index assigns tensor {key} to this file but it is in "
-                                       f"{found[key][0]}")
-            elif key not in found and name not in unavailable:
-                report.problems.append(f"{directory / name}: tensor {key} listed in model.safetensors.index.json "
-                                       "is not in this file")
-    return found, unavailable, assignment
 
 
 def _tp_facts(config: dict, tp: int, report: CheckReport) -> None:
@@ -211,10 +122,57 @@ def _tp_facts(config: dict, tp: int, report: CheckReport) -> None:
         report.problems.append(f"tensor-parallel size {tp} does not divide intermediate_size {inter} (the expert "
                                "intermediate dimension is split across ranks)")
     else:
-        per_rank = inter // tp
-        report.facts["intermediate_size_per_rank"] = per_rank
-        report.facts["intermediate_per_rank_aligned"] = (
-            f"multiple of 16: {per_rank % 16 == 0}, of 32: {per_rank % 32 == 0}")
+        report.facts.update(moe_padding_facts(config, tp))
+
+
+def moe_padding_facts(config: dict, tp: int) -> dict:
+    """The per-rank MoE intermediate size at tensor-parallel size ``tp`` and whether gptoss-patch pads it.
+
+    One answer for ``verify --model``, ``python -m gptoss_patch.ops.checkpoint`` and the serve recipes: the per-rank
+    size is vLLM's split (:func:`gptoss_patch.kernels.padding.moe_rank_layout`: ``intermediate_size / tp``, 2880 / 8 =
+    360 for gpt-oss-120b), the padded size is the next multiple of 16 (FRACTAL_NZ's fractal; 368), and the padding
+    applies when the installed vllm-ascend casts bf16 MoE weights to FRACTAL_NZ (:data:`gptoss_patch.kernels.padding.
+    NZ_RULES`, read with ``VLLM_ASCEND_ENABLE_NZ``) or ``GPTOSS_PATCH_MOE_PAD`` forces it (:mod:`gptoss_patch.patches.
+    weights`; docs/upstream.md for the per-release NZ rules).
+
+    Args:
+        config: the parsed ``config.json`` (``num_local_experts``, ``hidden_size``, ``intermediate_size``).
+        tp: the tensor-parallel size (>= 1, dividing ``intermediate_size``).
+
+    Returns:
+        ``{"intermediate_size_per_rank": int, "intermediate_padded_to": int | None (None: already a multiple of 16),
+        "intermediate_padding": str}`` - the last says yes/no/only-with-eagle and why.
+
+    Raises:
+        KeyError: a missing config key. ValueError: ``tp`` does not divide ``intermediate_size``.
+        ImportError: torch is missing (the padding kernels import it).
+    """
+    from gptoss_patch import environment
+    from gptoss_patch.kernels.padding import moe_rank_layout, nz_rule
+    from gptoss_patch.patches.weights import ALWAYS, NEVER, POLICY_ENV, pad_policy
+
+    lay = moe_rank_layout(config["num_local_experts"], config["hidden_size"], config["intermediate_size"], tp)
+    va = environment.installed_versions().vllm_ascend
+    rule = nz_rule(va) if va else None
+    env_nz = int(os.environ.get("VLLM_ASCEND_ENABLE_NZ", "1") or 1)
+    policy = pad_policy()
+    if lay.padded is None:
+        applies = "no: already a multiple of 16"
+    elif policy in (ALWAYS, NEVER):
+        applies = ("yes" if policy == ALWAYS else "no") + f" ({POLICY_ENV}={policy})"
+    elif rule is None:
+        applies = f"when the weights are cast to FRACTAL_NZ (vllm-ascend {va or 'not installed'}: rule unknown)"
+    elif rule.casts(env_nz, eagle=False):
+        applies = f"yes (vllm-ascend {va} casts bf16 MoE weights to FRACTAL_NZ: {rule.text}; " \
+                  f"VLLM_ASCEND_ENABLE_NZ={env_nz})"
+    elif rule.casts(env_nz, eagle=True):
+        applies = (f"only with eagle/eagle3 speculative decoding (then vllm-ascend {va} casts bf16 MoE weights to "
+                   f"FRACTAL_NZ; VLLM_ASCEND_ENABLE_NZ={env_nz})")
+    else:
+        applies = (f"no (vllm-ascend {va} keeps bf16 MoE weights in ND with VLLM_ASCEND_ENABLE_NZ={env_nz}: "
+                   f"{rule.text})")
+    return {"intermediate_size_per_rank": lay.intermediate, "intermediate_padded_to": lay.padded,
+            "intermediate_padding": applies}
 
 
 def rank_bf16_bytes(config: dict, tp: int) -> int:
@@ -224,7 +182,7 @@ def rank_bf16_bytes(config: dict, tp: int) -> int:
     k/v by KV heads (replicated, one head per rank, when ``tp`` exceeds them), experts and their ``gate_up`` bias by
     the intermediate dimension; norms, router and the ``down_proj`` bias are whole on every rank
     (``vllm/model_executor/models/gpt_oss.py``). ``config``: the parsed ``config.json`` (keys of
-    :func:`expected_tensors`). Raises ``KeyError`` naming a missing key."""
+    :func:`gptoss_patch.checkpoint_shapes.expected_tensors`). Raises ``KeyError`` naming a missing key."""
     h, i, e, v = (config["hidden_size"], config["intermediate_size"], config["num_local_experts"],
                   config["vocab_size"])
     nq, nkv = config["num_attention_heads"], config["num_key_value_heads"]
@@ -299,7 +257,7 @@ def check_checkpoint(directory, tp: int = 1) -> CheckReport:
     dtype = config.get("torch_dtype") or config.get("dtype")
     if dtype not in (None, "bfloat16"):
         report.warnings.append(f"{config_path}: torch_dtype {dtype!r}; the tested releases are bfloat16")
-    missing_keys = [k for k in _REQUIRED_CONFIG if not isinstance(config.get(k), int) or config.get(k) < 1]
+    missing_keys = [k for k in REQUIRED_CONFIG if not isinstance(config.get(k), int) or config.get(k) < 1]
     if missing_keys:
         report.problems.append(f"{config_path}: missing or non-positive {', '.join(missing_keys)}")
         return report
@@ -319,7 +277,7 @@ def check_checkpoint(directory, tp: int = 1) -> CheckReport:
     if is_mxfp4:  # experts as *_blocks/*_scales: checked by patches.mxfp4.check_files
         expected = {k: v for k, v in expected.items() if not k.endswith(("experts.gate_up_proj", "experts.down_proj"))}
     _rank_facts(config, tp, report, is_mxfp4)
-    headers = _read_headers(directory, report)
+    headers = read_headers(directory, report.problems)
     if headers is None:
         return report
     found, unavailable, assignment = headers
@@ -345,7 +303,7 @@ def check_checkpoint(directory, tp: int = 1) -> CheckReport:
                                f"(expected shape {list(expected[key])})")
     if len(missing) > _LIST_LIMIT:
         report.problems.append(f"{directory}: {len(missing) - _LIST_LIMIT} more expected tensors missing")
-    wrong = _mismatched(expected, found)
+    wrong = mismatched(expected, found)
     for key in wrong[:_LIST_LIMIT]:
         report.problems.append(f"{directory / found[key][0]}: tensor {key} has shape {list(found[key][1])}, expected "
                                f"{list(expected[key])}" + _shape_hint(key, found[key][1], expected[key]))
@@ -362,54 +320,6 @@ def check_checkpoint(directory, tp: int = 1) -> CheckReport:
     return report
 
 
-def _mismatched(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[str, tuple[int, ...], str]]) -> list[str]:
-    """Names of the tensors present in ``found`` (from :func:`_read_headers`) whose shape is not ``expected``'s, in
-    the order of ``expected``."""
-    return [k for k in expected if k in found and found[k][1] != expected[k]]
-
-
-def mismatched_shapes(directory) -> list[tuple[str, tuple[int, ...], tuple[int, ...]]]:
-    """The tensors of the GPT-OSS checkpoint in ``directory`` whose shape differs from what its config implies.
-
-    Reads ``config.json``, ``model.safetensors.index.json`` (if any) and the safetensors *headers* only (no tensor
-    data), and compares exactly as :func:`check_checkpoint` does (the expected shapes of :func:`expected_tensors`,
-    the layout transformers' ``GptOssForCausalLM`` saves). Missing tensors, unreadable or missing shards and the
-    other checks of :func:`check_checkpoint` are not reported here (tensors of an unreadable shard are not compared).
-
-    Args:
-        directory: the checkpoint directory (str or path).
-
-    Returns:
-        ``[(name, shape, expected)]`` with ``shape``/``expected`` tuples of ints, in the order of
-        :func:`expected_tensors` (layer by layer); empty when every present tensor has its expected shape.
-        E.g. ``[("model.layers.0.self_attn.sinks", (8, 1), (8,))]``.
-
-    Raises:
-        FileNotFoundError: no ``directory/config.json``.
-        ValueError: ``config.json`` is not a JSON object, or lacks (or has non-positive-int) geometry keys
-            (``hidden_size``, ``intermediate_size``, ``num_hidden_layers``, ``num_attention_heads``,
-            ``num_key_value_heads``, ``num_local_experts``, ``vocab_size``); the message names the file.
-        ImportError: the ``safetensors`` package is missing.
-    """
-    directory = Path(directory)
-    config_path = directory / "config.json"
-    try:
-        config = json.loads(config_path.read_text())
-    except ValueError as exc:
-        raise ValueError(f"{config_path}: not valid JSON ({exc})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{config_path}: top level is not an object")
-    bad = [k for k in _REQUIRED_CONFIG if not isinstance(config.get(k), int) or config.get(k) < 1]
-    if bad:
-        raise ValueError(f"{config_path}: missing or non-positive {', '.join(bad)}")
-    expected = expected_tensors(config)
-    headers = _read_headers(directory, CheckReport(directory=str(directory), tp=1))
-    if headers is None:
-        return []
-    found = headers[0]
-    return [(k, found[k][1], expected[k]) for k in _mismatched(expected, found)]
-
-
 def _guess_file(found: dict) -> str:
     names = sorted({f for f, _, _ in found.values()})
     return names[0] if len(names) == 1 else "model.safetensors"
@@ -423,7 +333,10 @@ def _shape_hint(key: str, got: tuple, want: tuple) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``DIR [--tensor-parallel-size N] [--json]``; exit 0 ok, 1 problems, 2 usage error."""
-    ap = argparse.ArgumentParser(prog="python -m gptoss_patch.checkpoint", description=__doc__.split("\n")[0])
+    from gptoss_patch._cli import prog
+
+    ap = argparse.ArgumentParser(prog=prog("gptoss-patch-checkpoint", "gptoss_patch.ops.checkpoint"),
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("directory")
     ap.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     ap.add_argument("--json", action="store_true")

@@ -26,7 +26,7 @@ published sha256 (``tiktoken_ext/openai_public.py`` and harmony's ``expected_has
 
 Command line::
 
-    python -m gptoss_patch.tokenizer prepare DIR [--from FILE] [--cl100k FILE|quicktok]
+    python -m gptoss_patch.ops.tokenizer prepare DIR [--from FILE] [--cl100k FILE|quicktok]
 
 lays out DIR (see :func:`prepare`) and prints the ``export`` lines.
 """
@@ -439,7 +439,10 @@ def main(argv=None) -> int:
     Prints the ``export`` lines on stdout. Exit 1 with a message on stderr when a file's sha256 is
     not the published one (naming file, expected and actual hash) or no source can be read.
     """
-    parser = argparse.ArgumentParser(prog="python -m gptoss_patch.tokenizer", description=__doc__.split("\n")[0])
+    from gptoss_patch._cli import prog
+
+    parser = argparse.ArgumentParser(prog=prog("gptoss-patch-tokenizer", "gptoss_patch.ops.tokenizer"),
+                                     description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     prep = sub.add_parser(
         "prepare",

@@ -2,15 +2,16 @@
 
 Usage::
 
-    python -m gptoss_patch.serve PRESET --model DIR [options] [-- extra vllm serve arguments]
-    python scripts/serve_gpt_oss_120b_tp8.py --model DIR --tokenizer-dir DIR [options]
-    python scripts/serve_gpt_oss_20b_tp1.py  --model DIR --tokenizer-dir DIR [options]
+    gptoss-patch-serve PRESET --model DIR [options] [-- extra vllm serve arguments]
+    gptoss-patch-serve 120b-tp8 --model DIR --tokenizer-dir DIR [options]    # the seed deployment, 910B3 x 8
+    gptoss-patch-serve 20b-tp1  --model DIR --tokenizer-dir DIR [options]
+    python -m gptoss_patch.ops.serve PRESET ...                              # the same without the console script
 
 What it does, in order:
 
 1. builds the ``vllm serve`` command and its environment from the preset (:data:`PRESETS`), then the
    ``GPTOSS_SERVE_*`` environment variables, then the command-line flags (later wins);
-2. checks the checkpoint when ``--model`` is a local directory (:func:`gptoss_patch.checkpoint.check_checkpoint`
+2. checks the checkpoint when ``--model`` is a local directory (:func:`gptoss_patch.ops.checkpoint.check_checkpoint`
    at the chosen tensor-parallel size; skip with ``--no-model-check``);
 3. ``--dry-run``: prints the environment it sets (``export`` lines) and the command, and exits 0;
 4. runs ``python -m gptoss_patch.verify`` with that environment and refuses to start (exit 1) when it
@@ -40,7 +41,7 @@ Sources of the recipe values:
   in vLLM 0.11.0; without them tool calls stay in ``content`` (vllm#22337) and reasoning may be lost
   (vllm#41902).
 * Tokenizer: harmony reads ``$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken`` or the cache-key file in
-  ``$TIKTOKEN_RS_CACHE_DIR`` (vllm#22525, Ascend/sglang#150); ``python -m gptoss_patch.tokenizer prepare
+  ``$TIKTOKEN_RS_CACHE_DIR`` (vllm#22525, Ascend/sglang#150); ``python -m gptoss_patch.ops.tokenizer prepare
   DIR`` lays out both, and ``--tokenizer-dir DIR`` points all three variables at it.
 """
 
@@ -98,7 +99,7 @@ ENV_PREFIX = "GPTOSS_SERVE_"
 #: Graph modes accepted by vLLM 0.11.0's ``CUDAGraphMode`` (``vllm/config/compilation.py``).
 CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
 
-#: The three variables harmony / tiktoken read (see :mod:`gptoss_patch.tokenizer`).
+#: The three variables harmony / tiktoken read (see :mod:`gptoss_patch.ops.tokenizer`).
 TOKENIZER_VARS = ("TIKTOKEN_ENCODINGS_BASE", "TIKTOKEN_RS_CACHE_DIR", "TIKTOKEN_CACHE_DIR")
 
 
@@ -191,13 +192,15 @@ _OPTIONS = {
     "port": (_port, "port vLLM listens on"),
     "reasoning_parser": (_text, "vLLM reasoning parser"),
     "tool_call_parser": (_text, "vLLM tool-call parser"),
-    "tokenizer_dir": (_text, "directory prepared by 'python -m gptoss_patch.tokenizer prepare DIR' "
+    "tokenizer_dir": (_text, "directory prepared by 'python -m gptoss_patch.ops.tokenizer prepare DIR' "
                              "(default: $TIKTOKEN_ENCODINGS_BASE)"),
 }
 
 
 def _parser(preset: str | None) -> argparse.ArgumentParser:
-    prog = "python -m gptoss_patch.serve" + (f" {preset}" if preset else " PRESET")
+    from gptoss_patch._cli import prog as _prog
+
+    prog = _prog("gptoss-patch-serve", "gptoss_patch.ops.serve") + (f" {preset}" if preset else " PRESET")
     ap = argparse.ArgumentParser(
         prog=prog,
         description="Start vLLM serving GPT-OSS (BF16) on vllm-ascend with gptoss-patch. Values: preset < "
@@ -242,7 +245,7 @@ def _vllm_program(explicit: str | None) -> list[str]:
 
 
 def _check_tokenizer_dir(directory: str) -> None:
-    from gptoss_patch.tokenizer import O200K_URL, cache_key
+    from gptoss_patch.ops.tokenizer import O200K_URL, cache_key
 
     path = Path(directory)
     wanted = [path / "o200k_base.tiktoken", path / cache_key(O200K_URL)]
@@ -250,7 +253,7 @@ def _check_tokenizer_dir(directory: str) -> None:
     if missing:
         raise ServeError(
             f"tokenizer directory {directory} lacks {', '.join(missing)}: run "
-            f"'python -m gptoss_patch.tokenizer prepare {shlex.quote(directory)}' (offline; needs quicktok-v1 or "
+            f"'python -m gptoss_patch.ops.tokenizer prepare {shlex.quote(directory)}' (offline; needs quicktok-v1 or "
             "--from o200k_base.tiktoken) first")
 
 
@@ -300,7 +303,7 @@ def build(preset: str, argv: list[str] | None = None, environ: dict | None = Non
     if not tok:
         raise ServeError(
             "no harmony vocabulary: GPT-OSS needs o200k_base.tiktoken at start-up and an air-gapped host cannot "
-            "download it (vllm#22525). Run 'python -m gptoss_patch.tokenizer prepare DIR' and pass "
+            "download it (vllm#22525). Run 'python -m gptoss_patch.ops.tokenizer prepare DIR' and pass "
             f"--tokenizer-dir DIR (or set {ENV_PREFIX}TOKENIZER_DIR or TIKTOKEN_ENCODINGS_BASE)")
     tok = str(Path(tok).absolute())
     _check_tokenizer_dir(tok)
@@ -310,7 +313,7 @@ def build(preset: str, argv: list[str] | None = None, environ: dict | None = Non
     tp = values["tensor_parallel_size"]
     if tp > 1 and "HCCL_INTRA_ROCE_ENABLE" not in environ:
         env_set["HCCL_INTRA_ROCE_ENABLE"] = "1"  # seed recipe: intra-node multi-card communication
-    from gptoss_patch.server_probe import plugin_filter_warning
+    from gptoss_patch.ops.server_probe import plugin_filter_warning
 
     plugin_warning = plugin_filter_warning(environ)
     if plugin_warning:
@@ -350,7 +353,7 @@ def _model_check(recipe: Recipe) -> list[str]:
             return [f"--model {model}: no such directory (and not a hub id like {hub_id})"]
         recipe.warnings.append(f"--model {model} is not a local directory (a hub id?): checkpoint not checked")
         return []
-    from gptoss_patch.checkpoint import check_checkpoint
+    from gptoss_patch.ops.checkpoint import check_checkpoint
 
     try:
         report = check_checkpoint(path, tp=recipe.values["tensor_parallel_size"])
@@ -370,7 +373,7 @@ def run_verify(env: dict, timeout: float = 1800.0) -> tuple[int, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI entry point (``python -m gptoss_patch.serve PRESET ...``); returns an exit status or execs vLLM.
+    """CLI entry point (``gptoss-patch-serve PRESET ...``); returns an exit status or execs vLLM.
 
     Exit 0 after ``--dry-run``; 1 when the checkpoint check or verify fails (nothing started); 2 on
     invalid options; 127 when the vllm program cannot be executed.

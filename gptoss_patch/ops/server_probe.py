@@ -23,7 +23,7 @@ temperature 0; the BF16 120b gives ". This is only a test."); its text is report
 the answer depends on the weights.
 
 Command line: ``python -m gptoss_patch.verify --server URL [--model NAME]`` (see :func:`main` here for the
-same without verify's other checks: ``python -m gptoss_patch.server_probe URL [--model NAME]``).
+same without verify's other checks: ``python -m gptoss_patch.ops.server_probe URL [--model NAME]``).
 """
 
 from __future__ import annotations
@@ -319,9 +319,10 @@ def probe_server(url: str, model: str | None = None, *, timeout: float = 120.0, 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI ``URL [--model NAME] [--timeout S] [--json]``: exit 0 ok, 1 problems, 2 usage error."""
-    from gptoss_patch._cli import positive_float
+    from gptoss_patch._cli import positive_float, prog
 
-    ap = argparse.ArgumentParser(prog="python -m gptoss_patch.server_probe", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=prog("gptoss-patch-probe", "gptoss_patch.ops.server_probe"),
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("url")
     ap.add_argument("--model", help="served model name (default: the first of GET /v1/models)")
     ap.add_argument("--timeout", type=positive_float, default=120.0, help="seconds per request")

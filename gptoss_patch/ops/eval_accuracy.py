@@ -1,6 +1,6 @@
 """Accuracy runner: MMLU and GSM8K subsets from local files, scored by lm-evaluation-harness against a server.
 
-    python scripts/eval_accuracy.py --server http://HOST:8000 --model NAME \\
+    gptoss-patch-eval --server http://HOST:8000 --model NAME \\
         --mmlu DIR_OR_FILE --gsm8k FILE [--limit N] [--max-tokens 4096] [--dry-run]
 
 The scoring is lm-eval's (``lm-eval run`` with its ``exact_match`` metric, its ``regex`` / ``take_first``
@@ -32,7 +32,7 @@ filters and its ``local-chat-completions`` client, concurrency, retries and time
 Requests are bounded: at most ``limit`` (or all rows) per task, each retried at most ``--max-retries`` times,
 each bounded by ``--timeout`` seconds, and the whole run is killed after ``--deadline`` seconds.
 ``--dry-run`` writes the data and task files and prints the exact ``lm-eval`` command line without sending
-anything. The lm-eval command runs through ``python -m gptoss_patch.eval_accuracy lm-eval ...``, which
+anything. The lm-eval command runs through ``python -m gptoss_patch.ops.eval_accuracy lm-eval ...``, which
 registers the reasoning-aware client (:func:`register_lm_eval_model`) and then hands the arguments to
 lm-eval's own command line (``lm_eval.__main__.cli_evaluate``).
 """
@@ -273,7 +273,7 @@ def prepare(workdir, *, mmlu=None, gsm8k=None, max_tokens: int = 4096) -> dict[s
 
 def chat_url(server: str) -> str:
     """``http(s)://HOST:PORT[/v1]`` -> ``.../v1/chat/completions``; ``ValueError`` for anything else."""
-    from gptoss_patch.server_probe import _base
+    from gptoss_patch.ops.server_probe import _base
 
     return _base(server) + "/chat/completions"
 
@@ -296,7 +296,7 @@ def lm_eval_command(*, server: str, model: str, workdir, tasks, limit: int | Non
     workdir = Path(workdir).resolve()
     model_args = (f"model={model},base_url={chat_url(server)},num_concurrent={concurrency},"
                   f"max_retries={max_retries},timeout={int(timeout) if timeout == int(timeout) else timeout}")
-    cmd = [python or sys.executable, "-m", "gptoss_patch.eval_accuracy", "lm-eval", "run",
+    cmd = [python or sys.executable, "-m", "gptoss_patch.ops.eval_accuracy", "lm-eval", "run",
            "--model", "gptoss-chat-completions", "--model_args", model_args,
            "--tasks", ",".join(tasks), "--include_path", str(workdir / "tasks"), "--apply_chat_template",
            "--output_path", str(workdir / "results"), "--log_samples", "--seed", "0"]
@@ -367,7 +367,7 @@ def register_lm_eval_model():
 
 
 def _lm_eval_delegate(args: list[str]) -> int:
-    """``python -m gptoss_patch.eval_accuracy lm-eval ...``: lm-eval's own CLI with our client registered."""
+    """``python -m gptoss_patch.ops.eval_accuracy lm-eval ...``: lm-eval's own CLI with our client registered."""
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     register_lm_eval_model()
@@ -431,12 +431,13 @@ def _report_lines(results: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI; exit 0 = evaluated (or dry run), 1 = lm-eval failed or timed out, 2 = usage or data error."""
-    from gptoss_patch._cli import at_least, positive_float
+    from gptoss_patch._cli import at_least, positive_float, prog
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lm-eval"]:
         return _lm_eval_delegate(argv[1:])
-    ap = argparse.ArgumentParser(prog="python scripts/eval_accuracy.py", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=prog("gptoss-patch-eval", "gptoss_patch.ops.eval_accuracy"),
+                                 description=__doc__.split("\n")[0])
     ap.add_argument("--server", required=True, help="http://HOST:PORT of the OpenAI-compatible server")
     ap.add_argument("--model", required=True, help="served model name (--served-model-name)")
     ap.add_argument("--mmlu", help="MMLU data: dir of *_test.csv (release layout), or cais/mmlu .jsonl/.parquet")

@@ -1,0 +1,114 @@
+"""What a pip user gets (issue 19): in a fresh venv holding only the built wheel (and its two dependencies, wrapt and
+packaging; no torch, no vLLM), every command the README gives a user runs - ``--help`` at least - and every console
+script of the wheel is one the README shows.
+
+The wheel is built from this checkout by ``uv pip install`` (hatchling, as ``noxfile.overlay_venv`` builds it);
+``GPTOSS_UV`` names the uv binary (the unit session sets it).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+README = ROOT / "README.md"
+
+
+def readme_commands(text: str) -> list[list[str]]:
+    """The commands the README gives a user: lines of its code blocks and inline code spans that start with a console
+    script of the wheel (``gptoss-patch-*``) or ``python -m gptoss_patch...``, cut to the part that names the tool
+    (the script, then a subcommand or preset word; for ``python -m`` the module), as argv lists, in order, unique."""
+    spans = re.findall(r"```[a-z]*\n(.*?)```", text, re.S)
+    lines = [line for block in spans for line in block.splitlines()]
+    lines += re.findall(r"`([^`\n]+)`", re.sub(r"```.*?```", "", text, flags=re.S))
+    out: list[list[str]] = []
+    for line in lines:
+        line = line.split("#")[0].strip()
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            continue
+        if words[:2] == ["python", "-m"] and len(words) > 2 and re.fullmatch(r"gptoss_patch[a-z_.]*", words[2]):
+            cmd = words[:3]
+        elif words and re.fullmatch(r"gptoss-patch-[a-z]+", words[0]):
+            cmd = words[:1]
+            if len(words) > 1 and re.fullmatch(r"[a-z0-9][a-z0-9-]*", words[1]):  # subcommand or preset
+                cmd.append(words[1])
+        else:
+            continue
+        if cmd not in out:
+            out.append(cmd)
+    return out
+
+
+def test_the_parser_finds_the_user_commands():
+    cmds = readme_commands("```bash\ngptoss-patch-serve 120b-tp8 --model DIR  # x\n"
+                           "gptoss-patch-probe http://h:1\n```\nand `python -m gptoss_patch.verify --model D`, "
+                           "`pip install x`, `gptoss-patch-tokenizer prepare /d`, `gptoss-patch-*`")
+    assert cmds == [["gptoss-patch-serve", "120b-tp8"], ["gptoss-patch-probe"],
+                    ["python", "-m", "gptoss_patch.verify"], ["gptoss-patch-tokenizer", "prepare"]]
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory) -> Path:
+    sys.path.insert(0, str(ROOT))
+    try:
+        import noxfile
+    finally:
+        sys.path.remove(str(ROOT))
+    try:
+        uv = noxfile._uv()
+    except SystemExit:
+        pytest.fail("no uv binary: run through `nox -s unit` (it sets GPTOSS_UV) or pip install uv")
+    venv = tmp_path_factory.mktemp("wheel-only") / "venv"
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True, env=noxfile.uv_env())
+    subprocess.run([uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(ROOT)], check=True,
+                   env=noxfile.uv_env())
+    return venv
+
+
+def _env(venv: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPTOSS_PATCH_", "VIRTUAL_ENV"))
+           and k not in ("PYTHONPATH", "PYTHONHOME")}
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def test_the_venv_holds_the_wheel_only(wheel_venv):
+    py = wheel_venv / "bin" / "python"
+    listed = subprocess.run([str(py), "-c", "import importlib.metadata as m; "
+                             "print(sorted(d.metadata['Name'].lower() for d in m.distributions()))"],
+                            capture_output=True, text=True, env=_env(wheel_venv), check=True).stdout
+    assert eval(listed) == ["gptoss-patch", "packaging", "wrapt"], listed  # noqa: S307 - our own printed list
+    probe = subprocess.run([str(py), "-c", "import torch"], capture_output=True, text=True, env=_env(wheel_venv))
+    assert probe.returncode != 0 and "No module named 'torch'" in probe.stderr
+
+
+def test_every_console_script_is_in_the_readme():
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    shown = {cmd[0] for cmd in readme_commands(README.read_text(encoding="utf-8"))}
+    assert len(scripts) >= 7 and sorted(set(scripts) - shown) == []
+
+
+def test_every_readme_command_runs_from_the_wheel(wheel_venv):
+    cmds = readme_commands(README.read_text(encoding="utf-8"))
+    assert ["gptoss-patch-serve", "120b-tp8"] in cmds and ["python", "-m", "gptoss_patch.verify"] in cmds
+    print("README commands run with --help:", *(" ".join(c) for c in cmds), sep="\n  ")
+    failures = []
+    for cmd in cmds:
+        argv = [str(wheel_venv / "bin" / "python"), *cmd[1:]] if cmd[0] == "python" else \
+            [str(wheel_venv / "bin" / cmd[0]), *cmd[1:]]
+        proc = subprocess.run([*argv, "--help"], capture_output=True, text=True, env=_env(wheel_venv), timeout=120,
+                              cwd=wheel_venv)
+        if proc.returncode != 0 or "usage:" not in proc.stdout:
+            failures.append(f"{' '.join(cmd)} --help: exit {proc.returncode}: {(proc.stderr or proc.stdout)[-400:]}")
+    assert failures == []
