@@ -68,6 +68,7 @@ import contextvars
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from gptoss_patch.evidence import LOGGER_NAME  # under vLLM's logger: the lines show in the server's output
 from gptoss_patch.registry import PatchSpec
 
 _UNSET = object()
@@ -113,7 +114,7 @@ def _warn_unsupported(activation: str) -> None:
         _warned.add(activation)
         import logging
 
-        logging.getLogger("gptoss_patch").warning(
+        logging.getLogger(LOGGER_NAME).warning(
             "gptoss-patch: MoE activation %r is not implemented by the patch; vllm-ascend's npu_swiglu path runs "
             "unchanged (its results are wrong for that activation)", activation)
 

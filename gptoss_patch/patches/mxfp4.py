@@ -54,9 +54,10 @@ import os
 import struct
 from typing import Any, Iterable, Iterator
 
+from gptoss_patch.evidence import LOGGER_NAME  # under vLLM's logger: the lines show in the server's output
 from gptoss_patch.registry import PatchSpec
 
-logger = logging.getLogger("gptoss_patch")
+logger = logging.getLogger(LOGGER_NAME)
 
 #: hf_to_vllm_mapper names of the MXFP4 expert tensors (vLLM 0.11.0 ... 0.19.1 ``GptOssForCausalLM``), as the
 #: GptOssModel's loader sees them: vLLM name suffix -> (checkpoint tensor, part).

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gptoss_patch.evidence import LOGGER_NAME  # under vLLM's logger: the lines show in the server's output
 from gptoss_patch.registry import PatchSpec
 
 
@@ -42,7 +43,7 @@ def _truncate_from_model_config() -> bool | None:
     except Exception as exc:  # noqa: BLE001 - no current config (a rope built outside model construction)
         import logging
 
-        logging.getLogger("gptoss_patch").warning(
+        logging.getLogger(LOGGER_NAME).warning(
             "gptoss-patch: YaRN rope built without a current vLLM model config (%s); truncate left as upstream's", exc)
         return None
     if getattr(hf, "model_type", None) != "gpt_oss":

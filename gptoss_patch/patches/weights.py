@@ -58,13 +58,14 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from gptoss_patch.evidence import LOGGER_NAME  # under vLLM's logger: the lines show in the server's output
 from gptoss_patch.registry import PatchSpec
 
 #: Environment variable choosing when to pad: ``auto`` (default), ``always``, ``never``.
 POLICY_ENV = "GPTOSS_PATCH_MOE_PAD"  # gptoss_patch.config.MOE_PAD
 AUTO, ALWAYS, NEVER = "auto", "always", "never"
 
-_log = logging.getLogger("gptoss_patch")
+_log = logging.getLogger(LOGGER_NAME)
 _lock = threading.Lock()
 _padded: dict[str, tuple[int, int]] = {}
 
