@@ -20,6 +20,16 @@ alive). A one-line ``.pth`` that installs any Python-level finder without import
 ``lambda``) already measures +1.0 M (the parse of the line, the finder in ``sys.meta_path``): the 0.4 M goal is below
 what a Python finder installed by a ``.pth`` costs here. Docstrings make no difference (the ``.pyc`` without them
 measures the same).
+
+Measured again in session 10 (2026-12-02; the figure had grown to +2.90 M): in a venv, CPython 3.11.7's ``site`` runs
+every ``.pth`` line twice (``site.venv()`` and ``site.main()`` both process site-packages: a line printing to stderr
+prints twice), so both the parse and the already-imported ``install()`` are paid twice; the parser costs roughly 1.5-3 K
+instructions per character of a line (plus ~0.2 M for the first compile in the process); every import through the path
+finders ~0.45 M, two here (the package, then ``_bootstrap``). A lazy variant (a stub finder built in the ``.pth`` line,
+importing ``_bootstrap`` only on the first ``vllm_ascend`` lookup) measured +1.79 M; it was not adopted: it had to
+release importlib's lock inside a lookup, it imported ``gptoss_patch`` from whatever ``sys.path`` holds then (a
+``gptoss_patch/`` folder in the working directory would shadow the installed one; at ``.pth`` time ``sys.path`` has no
+script directory yet), and it still was 4x the goal.
 """
 
 from __future__ import annotations

@@ -79,6 +79,8 @@ class Exchange:
     reference: list[int]
     max_logprob_diff: float
     finish_reason: str | None
+    prompt: list[int] = field(default_factory=list)  # the prompt's token ids
+    logprobs: list[float] = field(default_factory=list)  # the server's log-probability of each generated token
 
     @property
     def matched(self) -> int:
@@ -486,9 +488,44 @@ def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int 
     for (kind, label, prompt, ids, lps, fin), (ref_ids, ref_logits) in zip(results, refs):
         diffs = [abs(lp - float(torch.log_softmax(lg, -1)[tok])) for lp, tok, lg in zip(lps, ids, ref_logits)]
         report.exchanges.append(Exchange(kind, label, len(prompt), ids, ref_ids, max(diffs, default=float("inf")),
-                                         fin))
+                                         fin, list(prompt), list(lps)))
     report.seconds["total"] = round(time.perf_counter() - t0, 1)
     return report
+
+
+def logprob_diff_under(checkpoint: str | os.PathLike, exchanges: list[Exchange], edit) -> float:
+    """How far the served log-probabilities are from another model: max over every generated token of
+    ``|server logprob - log_softmax|`` of transformers' float32 ``GptOssForCausalLM`` of ``checkpoint`` after
+    ``edit(model)`` (in place, under ``torch.no_grad``), teacher-forced on each exchange's prompt and served tokens.
+
+    A negative control for :attr:`Exchange.max_logprob_diff`: with ``edit`` computing what a known fault would (e.g.
+    the ``down_proj`` bias doubled - added on both of two tensor-parallel ranks before the all-reduce), a served run
+    within :data:`LOGPROB_TOLERANCE` of the reference and far from the edited model did not have the fault.
+
+    Args:
+        checkpoint: the served BF16 checkpoint directory (:func:`gptoss_patch.testing.main_job.ensure_checkpoint`).
+        exchanges: :attr:`ServeReport.exchanges` (their ``prompt``, ``generated`` and ``logprobs``).
+        edit: ``callable(model) -> None``.
+
+    Returns:
+        The max difference in nats (``inf`` when no token was generated).
+    """
+    import torch
+    from transformers import GptOssForCausalLM
+
+    model = GptOssForCausalLM.from_pretrained(str(checkpoint), torch_dtype=torch.float32).eval()
+    worst = float("-inf")
+    with torch.no_grad():
+        edit(model)
+        for e in exchanges:
+            if not e.generated:
+                continue
+            full = torch.tensor([list(e.prompt) + list(e.generated[:-1])])
+            logits = model(full).logits[0, len(e.prompt) - 1:].float()
+            lsm = torch.log_softmax(logits, -1)
+            worst = max([worst] + [abs(lp - float(lsm[i, tok])) for i, (lp, tok) in enumerate(zip(e.logprobs,
+                                                                                             e.generated))])
+    return worst if worst != float("-inf") else float("inf")
 
 
 def print_report(r: ServeReport) -> None:

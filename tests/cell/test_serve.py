@@ -9,6 +9,8 @@ and the official MXFP4 layout: tests/cell/test_serve_more.py (the 0.11.0 cell).
 At tensor parallel 2 (vLLM's multiprocessing executor, one worker process per rank, started with ``spawn`` as ``vllm
 serve`` does) the model is the one whose every rank holds gpt-oss-120b's per-rank shapes at TP 8: 8 query heads, 1 KV
 head, MoE intermediate 360; the all-reduces run over the simulated ``hccl`` groups and are captured into the graphs.
+The expert ``down_proj`` bias is shown added exactly once across the ranks: transformers with the bias doubled (added
+on both ranks) or zeroed (never added) is far from the served log-probabilities (``serve_job.logprob_diff_under``).
 """
 
 import os
@@ -74,3 +76,22 @@ def test_vllm_serve_tensor_parallel_2_piecewise():
     report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=12, checkpoint_format="bf16-tp2",
                            tensor_parallel_size=2)
     _checks(report, "PIECEWISE", tensor_parallel_size=2)
+    # The expert down_proj bias is added exactly once across the two ranks. vLLM's loader keeps it on rank 0 only
+    # (``_load_weights_other`` zeroes it elsewhere) and our MoE adds each rank's copy before the all-reduce; added on
+    # both ranks the sum would carry it twice, not added (vllm-ascend 0.11-0.14 unpatched) not at all. Both faults'
+    # log-probabilities - transformers with the bias doubled / zeroed, teacher-forced on the served tokens - are far
+    # from what the server answered, which is within LOGPROB_TOLERANCE of the reference (checked above).
+    checkpoint = Path(report.command[4])  # [python, -m, vllm.entrypoints.cli.main, serve, CHECKPOINT, ...]
+
+    def scale_down_bias(factor):
+        def edit(model):
+            for layer in model.model.layers:
+                layer.mlp.experts.down_proj_bias.mul_(factor)
+        return edit
+
+    doubled = serve_job.logprob_diff_under(checkpoint, report.exchanges, scale_down_bias(2.0))
+    dropped = serve_job.logprob_diff_under(checkpoint, report.exchanges, scale_down_bias(0.0))
+    served = max(e.max_logprob_diff for e in report.exchanges)
+    print(f"max |served logprob - model|: reference {served:.1e}, down_proj bias on both ranks {doubled:.2e}, "
+          f"bias never added {dropped:.2e}")
+    assert served <= serve_job.LOGPROB_TOLERANCE < min(doubled, dropped) / 10, (served, doubled, dropped)
