@@ -72,10 +72,18 @@ def test_vllm_serve_answers_with_transformers_tokens(mode):
 @pytest.mark.expensive(100)
 def test_vllm_serve_tensor_parallel_2_piecewise():
     """``--tensor-parallel-size 2`` with PIECEWISE graphs: two worker processes (spawn), sinks / heads / experts split
-    per rank, the row-parallel and MoE all-reduces inside the captured pieces; tokens equal transformers'."""
+    per rank, the row-parallel and MoE all-reduces inside the captured pieces; tokens equal transformers'.
+
+    Each rank's MoE intermediate (360, gpt-oss-120b's at TP 8) is padded to 368 as on a release that casts the experts
+    to FRACTAL_NZ (``GPTOSS_PATCH_MOE_PAD=always``: the served float32 model keeps ND weights on every patched release
+    - 0.12.0rc1's NZ grouped matmul takes no float32, ``serve_job._float32_nz_off``), and both ranks
+    say so in the server's output. The unpadded TP 2 path is served by tests/cell/test_serve_more.py (fork, EP, Ray)."""
     report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=12, checkpoint_format="bf16-tp2",
-                           tensor_parallel_size=2)
+                           tensor_parallel_size=2, extra_env={"GPTOSS_PATCH_MOE_PAD": "always"})
     _checks(report, "PIECEWISE", tensor_parallel_size=2)
+    padded = [line for line in report.log_text.splitlines()
+              if "gptoss-patch: MoE intermediate size per rank 360 -> 368" in line]
+    assert len(padded) == 2, padded  # one line per rank (the first padded layer of each worker)
     # The expert down_proj bias is added exactly once across the two ranks. vLLM's loader keeps it on rank 0 only
     # (``_load_weights_other`` zeroes it elsewhere) and our MoE adds each rank's copy before the all-reduce; added on
     # both ranks the sum would carry it twice, not added (vllm-ascend 0.11-0.14 unpatched) not at all. Both faults'
