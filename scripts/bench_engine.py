@@ -13,8 +13,8 @@ native 0.15.0rc1 cell, and compare). Figures are printed, never asserted.
   resident-set growth, so it includes the host-side runtime) and the MoE padding the NZ patch applied (``weights.pad_moe_intermediate``'s
   log line; none where the release does not NZ-cast, e.g. float32 on 0.12.0rc1; ``GPTOSS_PATCH_MOE_PAD=always`` forces
   it). On the tiny model the padding itself adds ~0.2 MB per rank; the loaded-weights figure still grows by ~22 MB
-  with it (0.128 -> 0.150 GB in the 0.11.0 cell, 2026-12-02) because the simulator counts resident-set growth and the
-  unpadded copies, freed, stay in the process's heap. The padding overhead at real shapes is
+  with it (0.128 -> 0.150 GB in the 0.11.0 cell, 2026-12-02): the simulator counts resident-set growth, which also
+  holds the transient copies the padding makes (freed heap memory need not return to the OS; not traced further). The padding overhead at real shapes is
   ``scripts/pad_report.py``'s (gpt-oss-120b at TP 8: 607.6 MiB per rank, 2.22 % of its experts).
 * Decode step (in-process ``LLM``, eager, batch of 4 harmony prompts, greedy): wall time per decode step and, the
   figure that does not depend on the machine's load, the number of simulated ``torch_npu`` operator calls per decode
