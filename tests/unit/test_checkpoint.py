@@ -69,7 +69,9 @@ def test_tiny_checkpoint_passes_at_every_valid_tp(tiny):
         assert report.facts["attention_heads_per_rank"] == 8 // tp
     facts = check_checkpoint(tiny, tp=8).facts
     assert facts["kv_heads_per_rank"].startswith("1 (each of the 1 KV heads replicated on 8 ranks")
-    assert facts["intermediate_padded_to"] == 48  # 45 rounded up to FRACTAL_NZ's 16
+    assert facts["intermediate_padded_to"] is None  # no vllm-ascend in the unit venv: nothing is padded here
+    assert facts["intermediate_padding"].startswith("unknown: vllm-ascend is not installed here (gptoss-patch pads "
+                                                    "it to 48 on vllm-ascend 0.11 - 0.14")
     assert facts["tensors"].startswith("71 in 1 file(s)")
 
 
@@ -91,18 +93,24 @@ def test_real_geometry_at_tp8_reports_the_360_split(monkeypatch):
     _tp_facts(config, 8, report)
     assert report.ok
     assert report.facts == {"attention_heads_per_rank": 8, "kv_heads_per_rank": 1, "intermediate_size_per_rank": 360,
-                            "intermediate_padded_to": 368,
-                            # the unit venv has no vllm-ascend: its NZ rule (tests/cell/test_padding.py) is unknown
-                            "intermediate_padding": "when the weights are cast to FRACTAL_NZ (vllm-ascend not "
-                                                    "installed: rule unknown)"}
-    monkeypatch.setenv("GPTOSS_PATCH_MOE_PAD", "never")
+                            "intermediate_padded_to": None,
+                            # the unit venv has no vllm-ascend: whether it pads is the installed release's question
+                            # (tests/cell/test_padding.py asks it in every patched cell)
+                            "intermediate_padding": "unknown: vllm-ascend is not installed here (gptoss-patch pads it "
+                                                    "to 368 on vllm-ascend 0.11 - 0.14 where the release casts the "
+                                                    "experts to FRACTAL_NZ)"}
     report = CheckReport(directory="-", tp=4)
-    _tp_facts(config, 4, report)  # 720 per rank: nothing to pad whatever the policy
+    _tp_facts(config, 4, report)  # 720 per rank: nothing to pad
     assert (report.facts["intermediate_padded_to"], report.facts["intermediate_padding"]) == \
         (None, "no: already a multiple of 16")
-    report = CheckReport(directory="-", tp=8)
-    _tp_facts(config, 8, report)
-    assert report.facts["intermediate_padding"] == "no (GPTOSS_PATCH_MOE_PAD=never)"
+    for name, value, message in (("VLLM_ASCEND_ENABLE_NZ", "abc", "VLLM_ASCEND_ENABLE_NZ='abc' is not an integer"),
+                                 ("GPTOSS_PATCH_MOE_PAD", "bogus", "GPTOSS_PATCH_MOE_PAD")):
+        monkeypatch.setenv(name, value)
+        report = CheckReport(directory="-", tp=8)
+        _tp_facts(config, 8, report)  # the variable is named; the other facts stay
+        assert len(report.problems) == 1 and message in report.problems[0], report.problems
+        assert report.facts["attention_heads_per_rank"] == 8
+        monkeypatch.delenv(name)
 
 
 @pytest.mark.parametrize("tp, message", [

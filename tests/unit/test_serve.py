@@ -169,7 +169,7 @@ def test_bad_values_are_named(assets, args, message):
 def test_refuses_without_vocabulary(assets, tmp_path):
     ckpt, _ = assets
     proc = dry(["-m", "gptoss_patch.ops.serve", "120b-tp8", "--model", str(ckpt)])
-    assert proc.returncode == 2 and "python -m gptoss_patch.ops.tokenizer prepare DIR" in proc.stderr
+    assert proc.returncode == 2 and "gptoss-patch-tokenizer prepare DIR" in proc.stderr
     proc = dry(["-m", "gptoss_patch.ops.serve", "120b-tp8", "--model", str(ckpt), "--tokenizer-dir", str(tmp_path)])
     assert proc.returncode == 2 and f"{tmp_path}/o200k_base.tiktoken" in proc.stderr
 

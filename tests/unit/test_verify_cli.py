@@ -115,7 +115,7 @@ def test_no_variable_and_no_network_says_which_variable_to_set(tmp_path):
     proc = verify("--no-children", "--json", TMPDIR=str(empty_tmp), **NO_NETWORK)
     report, problems, warnings = _vocab(proc)
     assert problems == [] and len(warnings) == 1, (problems, warnings)
-    assert "TIKTOKEN_ENCODINGS_BASE" in warnings[0] and "gptoss_patch.ops.tokenizer prepare" in warnings[0]
+    assert "TIKTOKEN_ENCODINGS_BASE" in warnings[0] and "gptoss-patch-tokenizer prepare" in warnings[0]
     assert "cannot be reached" in warnings[0] and report["harmony_vocabulary"]["variable"] is None
     human = verify("--no-children", TMPDIR=str(empty_tmp), **NO_NETWORK)
     assert "harmony vocabulary: NOT usable" in human.stdout and "TIKTOKEN_ENCODINGS_BASE" in human.stdout

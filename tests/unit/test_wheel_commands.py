@@ -58,21 +58,26 @@ def test_the_parser_finds_the_user_commands():
                     ["python", "-m", "gptoss_patch.verify"], ["gptoss-patch-tokenizer", "prepare"]]
 
 
-@pytest.fixture(scope="module")
-def wheel_venv(tmp_path_factory) -> Path:
+def _uv_and_env() -> tuple[str, dict]:
+    """The uv binary the nox sessions use (``GPTOSS_UV``) and its environment (local indexes, cache)."""
     sys.path.insert(0, str(ROOT))
     try:
         import noxfile
     finally:
         sys.path.remove(str(ROOT))
     try:
-        uv = noxfile._uv()
+        return noxfile._uv(), noxfile.uv_env()
     except SystemExit:
         pytest.fail("no uv binary: run through `nox -s unit` (it sets GPTOSS_UV) or pip install uv")
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(tmp_path_factory) -> Path:
+    uv, env = _uv_and_env()
     venv = tmp_path_factory.mktemp("wheel-only") / "venv"
-    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True, env=noxfile.uv_env())
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(venv)], check=True, env=env)
     subprocess.run([uv, "pip", "install", "-q", "--python", str(venv / "bin" / "python"), str(ROOT)], check=True,
-                   env=noxfile.uv_env())
+                   env=env)
     return venv
 
 
@@ -109,6 +114,41 @@ def test_every_readme_command_runs_from_the_wheel(wheel_venv):
             [str(wheel_venv / "bin" / cmd[0]), *cmd[1:]]
         proc = subprocess.run([*argv, "--help"], capture_output=True, text=True, env=_env(wheel_venv), timeout=120,
                               cwd=wheel_venv)
-        if proc.returncode != 0 or "usage:" not in proc.stdout:
-            failures.append(f"{' '.join(cmd)} --help: exit {proc.returncode}: {(proc.stderr or proc.stdout)[-400:]}")
+        # the usage line repeats what the user typed (``python -m gptoss_patch.x`` or the console script)
+        typed = "python -m " + cmd[2] if cmd[0] == "python" else cmd[0]
+        if proc.returncode != 0 or not proc.stdout.startswith(f"usage: {typed}"):
+            failures.append(f"{' '.join(cmd)} --help: exit {proc.returncode}: {(proc.stderr or proc.stdout)[:400]}")
     assert failures == []
+
+
+def test_the_runners_name_the_missing_tool_instead_of_a_traceback(wheel_venv, tmp_path):
+    """Without lm-eval / evalscope (the wheel does not pull them in) a real run stops with the pip command (exit 2)."""
+    gsm8k = ROOT / "tests" / "data" / "gsm8k" / "test.jsonl"
+    runs = {"lm-eval[api]": ["gptoss-patch-eval", "--server", "http://127.0.0.1:9", "--model", "m", "--gsm8k",
+                             str(gsm8k), "--limit", "1", "--workdir", str(tmp_path / "eval")],
+            "evalscope[perf]": ["gptoss-patch-bench", "--server", "http://127.0.0.1:9", "--model", "m", "--tokenizer",
+                                str(tmp_path), "--output-dir", str(tmp_path / "bench")]}
+    for extra, argv in runs.items():
+        proc = subprocess.run([str(wheel_venv / "bin" / argv[0]), *argv[1:]], capture_output=True, text=True,
+                              env=_env(wheel_venv), timeout=120, cwd=tmp_path)
+        assert proc.returncode == 2 and f'pip install "{extra}"' in proc.stderr, (argv[0], proc.stderr[-600:])
+        assert "Traceback" not in proc.stderr
+
+
+def test_the_checkpoint_report_needs_no_torch(wheel_venv, tmp_path):
+    """``gptoss-patch-checkpoint`` reads headers through safetensors (numpy framework): on a host with the wheel,
+    safetensors and numpy but no torch it reports the split and the padding question."""
+    from gptoss_patch.testing.tiny import write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path / "ckpt", preset="tiny", seed=0, tokenizer=False)  # written here, with torch
+    ops = tmp_path / "ops-venv"
+    uv, env = _uv_and_env()
+    subprocess.run([uv, "venv", "-q", "--python", sys.executable, str(ops)], check=True, env=env)
+    subprocess.run([uv, "pip", "install", "-q", "--python", str(ops / "bin" / "python"), str(ROOT), "safetensors",
+                    "numpy"], check=True, env=env)
+    proc = subprocess.run([str(ops / "bin" / "gptoss-patch-checkpoint"), str(ckpt), "--tensor-parallel-size", "8"],
+                          capture_output=True, text=True, env=_env(ops), timeout=120, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "intermediate size per rank: 45" in proc.stdout and "intermediate padding: unknown" in proc.stdout
+    probe = subprocess.run([str(ops / "bin" / "python"), "-c", "import torch"], capture_output=True, env=_env(ops))
+    assert probe.returncode != 0
