@@ -140,7 +140,10 @@ CHAT_TEMPLATE = (
 
 # Bump when the files written by write_tokenizer_files change (it keys the on-disk cache).
 _TOKENIZER_FILES_FORMAT = 1
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+#: Written by transformers 4.x's ``save_pretrained`` (and shipped by the official checkpoints); transformers 5.x keeps the
+#: special tokens in ``tokenizer_config.json`` only and writes no such file.
+_OPTIONAL_TOKENIZER_FILES = ("special_tokens_map.json",)
 
 
 class VocabularyError(ValueError):
@@ -353,9 +356,11 @@ def build_hf_tokenizer(source=None):
         vocab.write_bytes(data)
         specials = [SPECIAL_TOKENS[i] for i in sorted(SPECIAL_TOKENS)]
         with _tiktoken_cache_disabled():
-            backend = TikTokenConverter(
-                vocab_file=str(vocab), pattern=O200K_PATTERN, additional_special_tokens=specials
-            ).converted()
+            # the converter's keyword was renamed (transformers 4.x ``additional_special_tokens``, which its
+            # ``converted()`` requires; 5.x ``extra_special_tokens``): both are passed, each version's ``**kwargs``
+            # swallows the other's, and the ids are checked below
+            backend = TikTokenConverter(vocab_file=str(vocab), pattern=O200K_PATTERN,
+                                        additional_special_tokens=specials, extra_special_tokens=specials).converted()
     for token_id, content in SPECIAL_TOKENS.items():
         if backend.token_to_id(content) != token_id:  # ids follow the 199998 base tokens in order
             raise VocabularyError(f"{content} got id {backend.token_to_id(content)}, expected {token_id}")
@@ -415,8 +420,8 @@ def _cached_tokenizer_dir(source=None) -> Path:
 def write_tokenizer_files(checkpoint_dir, source=None) -> list[Path]:
     """Write the GPT-OSS tokenizer files into ``checkpoint_dir`` (created if needed).
 
-    Writes ``tokenizer.json``, ``tokenizer_config.json``, ``special_tokens_map.json`` and
-    ``chat_template.jinja`` (as ``save_pretrained`` of :func:`build_hf_tokenizer` writes them,
+    Writes ``tokenizer.json``, ``tokenizer_config.json``, ``chat_template.jinja`` and, with transformers 4.x,
+    ``special_tokens_map.json`` (as ``save_pretrained`` of :func:`build_hf_tokenizer` writes them,
     ~27 MB) so that ``AutoTokenizer.from_pretrained(checkpoint_dir)`` and vLLM load the tokenizer
     from the checkpoint as for the public releases. The converted files are cached under
     ``$GPTOSS_PATCH_CACHE_DIR`` (default ``<temp dir>/gptoss_patch-cache``), keyed by the
@@ -427,9 +432,10 @@ def write_tokenizer_files(checkpoint_dir, source=None) -> list[Path]:
     checkpoint_dir = Path(checkpoint_dir)
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     written = []
-    for name in _TOKENIZER_FILES:
-        shutil.copyfile(cached / name, checkpoint_dir / name)
-        written.append(checkpoint_dir / name)
+    for name in _TOKENIZER_FILES + _OPTIONAL_TOKENIZER_FILES:
+        if name in _TOKENIZER_FILES or (cached / name).is_file():
+            shutil.copyfile(cached / name, checkpoint_dir / name)
+            written.append(checkpoint_dir / name)
     return written
 
 

@@ -157,9 +157,13 @@ def teacher_forced_reference(checkpoint: Path, prompts: list[list[int]], steps: 
 
 
 def _writer_key() -> str:
-    """Hash of the code that writes the checkpoint (tiny.py, tokenizer.py): a workdir kept across runs (e.g. under
-    ``~/.cache/gptoss-patch``) never serves a checkpoint an older writer made."""
+    """Hash of the code that writes the checkpoint (tiny.py, tokenizer.py) and of transformers' major version: a
+    workdir kept across runs (e.g. under ``~/.cache/gptoss-patch``) never serves a checkpoint an older writer made,
+    nor tokenizer files saved by transformers 5.x (its ``tokenizer_config.json`` names a tokenizer class 4.x lacks)
+    to a 4.x cell, or the reverse."""
     import hashlib
+
+    import transformers
 
     from gptoss_patch.ops import tokenizer
     from gptoss_patch.testing import tiny
@@ -169,6 +173,7 @@ def _writer_key() -> str:
 
     for mod in (tiny, tokenizer, mxfp4):
         h.update(Path(mod.__file__).read_bytes())
+    h.update(transformers.__version__.split(".")[0].encode())
     return h.hexdigest()[:10]
 
 

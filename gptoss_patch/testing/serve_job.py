@@ -493,6 +493,20 @@ def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int 
     return report
 
 
+def _reference_model(checkpoint: str | os.PathLike):
+    """transformers' float32 ``GptOssForCausalLM`` of ``checkpoint`` in eval mode; an MXFP4 checkpoint's experts
+    dequantized as :func:`gptoss_patch.testing.runner.reference_generate` does."""
+    import torch
+    from transformers import GptOssForCausalLM
+
+    from gptoss_patch.testing import runner
+
+    config = json.loads((Path(checkpoint) / "config.json").read_text())
+    if (config.get("quantization_config") or {}).get("quant_method") == "mxfp4":
+        return runner._transformers_mxfp4_model(checkpoint).eval()
+    return GptOssForCausalLM.from_pretrained(str(checkpoint), torch_dtype=torch.float32).eval()
+
+
 def logprob_diff_under(checkpoint: str | os.PathLike, exchanges: list[Exchange], edit) -> float:
     """How far the served log-probabilities are from another model: max over every generated token of
     ``|server logprob - log_softmax|`` of transformers' float32 ``GptOssForCausalLM`` of ``checkpoint`` after
@@ -508,12 +522,14 @@ def logprob_diff_under(checkpoint: str | os.PathLike, exchanges: list[Exchange],
         edit: ``callable(model) -> None``.
 
     Returns:
-        The max difference in nats (``inf`` when no token was generated).
+        The max difference in nats.
+
+    Raises:
+        ValueError: no exchange generated a token (nothing to compare: a control must not pass vacuously).
     """
     import torch
-    from transformers import GptOssForCausalLM
 
-    model = GptOssForCausalLM.from_pretrained(str(checkpoint), torch_dtype=torch.float32).eval()
+    model = _reference_model(checkpoint)
     worst = float("-inf")
     with torch.no_grad():
         edit(model)
@@ -525,7 +541,37 @@ def logprob_diff_under(checkpoint: str | os.PathLike, exchanges: list[Exchange],
             lsm = torch.log_softmax(logits, -1)
             worst = max([worst] + [abs(lp - float(lsm[i, tok])) for i, (lp, tok) in enumerate(zip(e.logprobs,
                                                                                              e.generated))])
-    return worst if worst != float("-inf") else float("inf")
+    if worst == float("-inf"):
+        raise ValueError("logprob_diff_under: no generated token to compare")
+    return worst
+
+
+def greedy_under(checkpoint: str | os.PathLike, exchanges: list[Exchange], edit) -> list[list[int]]:
+    """transformers' float32 greedy tokens for each exchange's prompt (as many as the server generated), from the model
+    of ``checkpoint`` after ``edit(model)`` - e.g. a sliding window of 129 keys, to compare a release that documents
+    that band (docs/upstream.md §4.3) with what it serves. Arguments as :func:`logprob_diff_under`."""
+    import torch
+
+    model = _reference_model(checkpoint)
+    out = []
+    with torch.no_grad():
+        edit(model)
+        for e in exchanges:
+            gen = model.generate(torch.tensor([list(e.prompt)]), max_new_tokens=len(e.generated), do_sample=False,
+                                 eos_token_id=None, pad_token_id=0)
+            out.append(gen[0, len(e.prompt):].tolist())
+    return out
+
+
+def sliding_window(keys: int):
+    """An ``edit`` for :func:`logprob_diff_under` / :func:`greedy_under`: transformers' GPT-OSS with its sliding layers
+    attending ``keys`` keys (the config's ``sliding_window`` and each sliding layer's copy of it)."""
+    def edit(model) -> None:
+        model.config.sliding_window = keys
+        for layer in model.model.layers:
+            if getattr(layer.self_attn, "sliding_window", None):
+                layer.self_attn.sliding_window = keys
+    return edit
 
 
 def print_report(r: ServeReport) -> None:

@@ -808,9 +808,20 @@ def test_dtype_shape_and_contiguity_limits(base, monkeypatch):
         _call(base, q=base["q"].double())
     with pytest.raises(RuntimeError, match="key dtype torch.bfloat16 must equal the query dtype"):
         _call(base, k=base["kc"].bfloat16())
-    nc = torch.zeros(8, 3, 64).transpose(0, 1)
+    # strided query/key/value: computed on their values (ACCEPT_STRIDED_QKV: upstream passes a strided value view on
+    # hardware), the pages' refusal when it is off; a strided atten_mask is refused either way
+    q = base["q"]
+    wide = torch.zeros(q.shape[0], q.shape[1], q.shape[2] + 64, dtype=q.dtype)
+    wide[..., 32:32 + q.shape[2]] = q
+    strided = wide[..., 32:32 + q.shape[2]]
+    assert not strided.is_contiguous() and torch.equal(strided, q)
+    assert torch.equal(_call(base, q=strided)[0], _call(base)[0])
+    monkeypatch.setattr(A, "ACCEPT_STRIDED_QKV", False)
     with pytest.raises(RuntimeError, match="query must be contiguous"):
-        _call(base, q=nc)
+        _call(base, q=strided)
+    monkeypatch.setattr(A, "ACCEPT_STRIDED_QKV", True)
+    with pytest.raises(RuntimeError, match="atten_mask must be contiguous"):
+        _call(base, fn=FIA2, atten_mask=TEMPLATE.t().contiguous().t())
     gen = torch.Generator().manual_seed(21)
     case40 = tnd_case([(1, 5)], 2, 1, 40, gen)
     with pytest.raises(RuntimeError, match="D=40 must be a positive multiple of 16"):

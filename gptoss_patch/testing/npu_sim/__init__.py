@@ -174,6 +174,9 @@ def install(force: bool = False, children: bool = True) -> types.ModuleType:
         torch_compat.settle_custom_op_probe()
         torch_compat.no_autograd_cache_for_graph_modules()
         torch_compat.custom_op_aliasing_warns()
+        from gptoss_patch.testing.npu_sim import triton_kernels
+
+        triton_kernels.install()
         from gptoss_patch.testing.npu_sim.ops import moe as _moe_ops
 
         _moe_ops.register_c_ascend_ops()

@@ -14,8 +14,9 @@ other calibration tests): activation through the installed ``.pth`` only, as in 
 * Layouts H and G (0.15.0rc1 - 0.18.0), issue 18's main job: ``vllm serve`` of that checkpoint through vLLM's real
   engine (eager, tensor parallel 1) answers every exchange with the greedy tokens and log-probabilities of
   transformers' run of the same MXFP4 files (experts dequantized by ``convert_moe_packed_tensors``, what
-  ``Mxfp4Config(dequantize=True)`` runs), the engine core logging our dequantizing loader's first use. 0.19.1rc1's
-  server does not answer under the simulator (test_native_serve.py); there the weights and MoE checks above stand.
+  ``Mxfp4Config(dequantize=True)`` runs), the engine core logging our dequantizing loader's first use. On 0.19.1rc1,
+  whose own attention serves GPT-OSS with its documented 129-key band (test_native_serve.py), the tokens are those of
+  the same transformers model with ``sliding_window: 129``.
 """
 
 import json
@@ -100,60 +101,67 @@ def test_every_rank_loads_what_vllms_bf16_loader_loads_from_transformers_dequant
     check_every_rank()
 
 
-if not matrix.native_attention(ROW):  # layouts H and G; 0.19.1rc1's server does not answer under the simulator
-    @pytest.mark.expensive(40)
-    def test_main_job_on_an_mxfp4_checkpoint_through_the_real_engine_matches_transformers():
-        """The main job of the apply cells' MXFP4 case (tests/cell/test_mxfp4.py) through this release's real engine:
-        ``vllm serve`` of the tiny GPT-OSS in the official MXFP4 layout (eager, tensor parallel 1: the model runs in
-        the engine-core process), asked over HTTP; every exchange's greedy tokens and log-probabilities equal the
-        reference's, the engine core's loader took our dequantizing path (first-use line ``mxfp4``) and its first
-        forwards our attention path (and, on layout G, our MoE activation path), and vLLM configured the model
-        unquantized.
+@pytest.mark.expensive(40)
+def test_main_job_on_an_mxfp4_checkpoint_through_the_real_engine_matches_transformers():
+    """The main job of the apply cells' MXFP4 case (tests/cell/test_mxfp4.py) through this release's real engine:
+    ``vllm serve`` of the tiny GPT-OSS in the official MXFP4 layout (eager, tensor parallel 1: the model runs in
+    the engine-core process), asked over HTTP; every exchange's greedy tokens and log-probabilities equal the
+    reference's, the engine core's loader took our dequantizing path (first-use line ``mxfp4``) and its first
+    forwards our attention path (and, on layout G, our MoE activation path), and vLLM configured the model
+    unquantized. On 0.19.1rc1 upstream's attention runs, and the reference is the same model with the release's
+    129-key band (``serve_job.sliding_window(129)``).
 
-        The reference (``serve_job.run`` -> ``runner.reference_generate`` on the served checkpoint) is transformers'
-        float32 ``GptOssForCausalLM`` of the same files: their ``config.json`` names ``quant_method: mxfp4`` and their
-        experts exist only as ``*_blocks`` / ``*_scales`` (asserted below), so ``reference_generate`` builds the model
-        with ``runner._transformers_mxfp4_model`` - the experts dequantized by transformers' own
-        ``integrations/mxfp4.py`` ``convert_moe_packed_tensors``, the conversion ``Mxfp4Config(dequantize=True)``
-        applies per expert projection (its ``dequantize``), loaded with ``strict=True``; ``from_pretrained`` with that
-        config itself needs ``accelerate``, which the cells do not install.
+    The reference (``serve_job.run`` -> ``runner.reference_generate`` on the served checkpoint) is transformers'
+    float32 ``GptOssForCausalLM`` of the same files: their ``config.json`` names ``quant_method: mxfp4`` and their
+    experts exist only as ``*_blocks`` / ``*_scales`` (asserted below), so ``reference_generate`` builds the model
+    with ``runner._transformers_mxfp4_model`` - the experts dequantized by transformers' own
+    ``integrations/mxfp4.py`` ``convert_moe_packed_tensors``, the conversion ``Mxfp4Config(dequantize=True)``
+    applies per expert projection (its ``dequantize``), loaded with ``strict=True``; ``from_pretrained`` with that
+    config itself needs ``accelerate``, which the cells do not install.
 
-        Eager: the MXFP4 patches act at configuration and loading only, after which the forward is the BF16 model's,
-        served with PIECEWISE graphs at tensor parallel 2 by test_native_serve.py; graphs would add their compilation
-        and capture to CI for nothing MXFP4-specific. Without gptoss-patch the same checkpoint stops in
-        ``EngineArgs.create_engine_config`` - the call ``vllm serve``'s API server makes before any engine starts -
-        with vLLM's "mxfp4 quantization is currently not supported in npu"
-        (:func:`test_mxfp4_checkpoint_without_gptoss_patch_is_rejected_by_vllm`).
-        """
-        report = serve_job.run(WORKDIR, mode="eager", max_tokens=8, startup_timeout=600, checkpoint_format="mxfp4")
-        serve_job.print_report(report)
-        assert report.started, report.log_tail
-        ckpt = Path(report.command[4])  # [python, -m, vllm.entrypoints.cli.main, serve, CHECKPOINT, ...]
-        config = json.loads((ckpt / "config.json").read_text())
-        assert config["quantization_config"]["quant_method"] == "mxfp4", config.get("quantization_config")
-        from safetensors import safe_open
+    Eager: the MXFP4 patches act at configuration and loading only, after which the forward is the BF16 model's,
+    served with PIECEWISE graphs at tensor parallel 2 by test_native_serve.py; graphs would add their compilation
+    and capture to CI for nothing MXFP4-specific. Without gptoss-patch the same checkpoint stops in
+    ``EngineArgs.create_engine_config`` - the call ``vllm serve``'s API server makes before any engine starts -
+    with vLLM's "mxfp4 quantization is currently not supported in npu"
+    (:func:`test_mxfp4_checkpoint_without_gptoss_patch_is_rejected_by_vllm`).
+    """
+    report = serve_job.run(WORKDIR, mode="eager", max_tokens=8, startup_timeout=600, checkpoint_format="mxfp4")
+    serve_job.print_report(report)
+    assert report.started, report.log_tail
+    ckpt = Path(report.command[4])  # [python, -m, vllm.entrypoints.cli.main, serve, CHECKPOINT, ...]
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "mxfp4", config.get("quantization_config")
+    from safetensors import safe_open
 
-        experts = set()
-        for shard in ckpt.glob("*.safetensors"):
-            with safe_open(str(shard), "pt") as f:
-                experts |= {n for n in f.keys() if ".mlp.experts." in n}
-        assert experts == {f"model.layers.{i}.mlp.experts.{w}_{part}" for i in range(4)
-                           for w in ("gate_up_proj", "down_proj") for part in ("blocks", "scales", "bias")}, experts
-        assert all(p["decision"] == "apply" for p in report.processes), report.processes
-        engine = {u["pid"] for u in report.first_use if u["process"].startswith("EngineCore")}
-        assert len(engine) == 1 and engine <= {p["pid"] for p in report.processes}, report.first_use
-        used = {(u["capability"], u["path"]) for u in report.first_use if u["pid"] in engine}
-        assert ("mxfp4", "patched") in used and ("attention", "patched") in used, report.first_use
-        assert (("moe", "patched") in used) == (ROW.layout == "G"), report.first_use
-        # vLLM's engine configuration line: configured unquantized, where unpatched it refuses mxfp4; and the config
-        # patch's own line, under vLLM's logger (``vllm.gptoss_patch``) so that every release's server prints it
-        log = report.log_text
-        assert "quantization=None" in log and "quantization=mxfp4" not in log, report.log_tail
-        assert "gptoss-patch: MXFP4 GPT-OSS checkpoint: experts are dequantized to BF16 while loading" in log, \
-            report.log_tail
-        assert not report.graph_captures, report.graph_captures
-        assert len(report.exchanges) == 6 and all(len(e.generated) == 8 for e in report.exchanges)
-        for e in report.exchanges:
-            assert e.generated == e.reference and e.max_logprob_diff <= serve_job.LOGPROB_TOLERANCE, \
-                (e.label, e.generated, e.reference, e.max_logprob_diff)
-        assert report.verify_ok and report.ok
+    experts = set()
+    for shard in ckpt.glob("*.safetensors"):
+        with safe_open(str(shard), "pt") as f:
+            experts |= {n for n in f.keys() if ".mlp.experts." in n}
+    assert experts == {f"model.layers.{i}.mlp.experts.{w}_{part}" for i in range(4)
+                       for w in ("gate_up_proj", "down_proj") for part in ("blocks", "scales", "bias")}, experts
+    assert all(p["decision"] == ROW.verdict for p in report.processes), report.processes
+    engine = {u["pid"] for u in report.first_use if u["process"].startswith("EngineCore")}
+    assert len(engine) == 1 and engine <= {p["pid"] for p in report.processes}, report.first_use
+    used = {(u["capability"], u["path"]) for u in report.first_use if u["pid"] in engine}
+    assert ("mxfp4", "patched") in used, report.first_use
+    assert (("attention", "patched") in used) == (not matrix.native_attention(ROW)), report.first_use
+    assert (("moe", "patched") in used) == (ROW.layout == "G"), report.first_use
+    # vLLM's engine configuration line: configured unquantized, where unpatched it refuses mxfp4; and the config
+    # patch's own line, under vLLM's logger (``vllm.gptoss_patch``) so that every release's server prints it
+    log = report.log_text
+    assert "quantization=None" in log and "quantization=mxfp4" not in log, report.log_tail
+    assert "gptoss-patch: MXFP4 GPT-OSS checkpoint: experts are dequantized to BF16 while loading" in log, \
+        report.log_tail
+    assert not report.graph_captures, report.graph_captures
+    assert len(report.exchanges) == 6 and all(len(e.generated) == 8 for e in report.exchanges)
+    if matrix.native_attention(ROW):  # upstream's attention: the documented 129-key band (test_native_serve.py)
+        band = serve_job.sliding_window(129)
+        assert [e.generated for e in report.exchanges] == serve_job.greedy_under(ckpt, report.exchanges, band)
+        assert serve_job.logprob_diff_under(ckpt, report.exchanges, band) <= serve_job.LOGPROB_TOLERANCE
+        assert report.verify_ok
+        return
+    for e in report.exchanges:
+        assert e.generated == e.reference and e.max_logprob_diff <= serve_job.LOGPROB_TOLERANCE, \
+            (e.label, e.generated, e.reference, e.max_logprob_diff)
+    assert report.verify_ok and report.ok

@@ -7,13 +7,12 @@ simulated NPU.
 * Layouts H and G (0.15.0rc1 - 0.18.0): the main job (PIECEWISE, tensor parallel 2) answers with transformers'
   tokens with the patches; without them (``GPTOSS_PATCH_DISABLE=1`` + ``GPTOSS_PATCH_ALLOW_UNPATCHED=1``) the first prefill hands the
   simulated operator what its documentation excludes - upstream's ``swa_mask`` with sparse_mode 4 (the device accepts
-  it and computes something undocumented: docs/upstream.md §4.4) and, from 0.17.0rc1 on, in a PrefillNoCache batch
-  before that a non-contiguous ``value`` - and it refuses, so no request is answered. With upstream's later fix of the
-  mask (PR #8387) substituted by hand, 0.15.0rc1 answers exactly the tokens of transformers with a 129-key window -
-  the band deviation (docs/upstream.md §4.3) - and not GPT-OSS's.
-
-0.19.1rc1's runner computes its slot mapping with a Triton kernel the simulator does not run: its tokens through the
-real engine are open (docs/simulator.md, "What vLLM's real engine needs").
+  it and computes something undocumented: docs/upstream.md §4.4) - and it refuses, so no request is answered. With
+  upstream's later fix of the mask (PR #8387) substituted by hand, 0.15.0rc1 answers exactly the tokens of
+  transformers with a 129-key window - the band deviation (docs/upstream.md §4.3) - and not GPT-OSS's.
+* 0.19.1rc1 (upstream's attention, ``attention deviates``): the same main job answers exactly the tokens of
+  transformers with a 129-key window - the release's documented band - and not GPT-OSS's 128 (calibration through the
+  real engine; its slot-mapping Triton kernel is emulated, docs/simulator.md).
 """
 
 import os
@@ -21,7 +20,6 @@ from pathlib import Path
 
 import pytest
 from conftest import ROW
-from packaging.version import Version
 
 from gptoss_patch import matrix
 from gptoss_patch.testing import serve_job
@@ -76,13 +74,38 @@ if not matrix.native_attention(ROW):  # layouts H and G: our attention runs the 
         print("--- the same job without gptoss-patch:")
         serve_job.print_report(bare)
         assert bare.started and not bare.exchanges and bare.request_error, bare.request_error
-        # the simulated operator refuses what upstream hands it in the first prefill: the swa_mask (0.15.0rc1 -
-        # 0.18.0), and before it, from 0.17.0rc1 on, a non-contiguous value in a PrefillNoCache batch (docs/upstream.md
-        # §4.4). The four requests arrive together, so the first batch the scheduler forms decides which one the
-        # server meets first from 0.17.0rc1 on (both seen on 0.18.0); before 0.17.0rc1 the value is contiguous.
+        # the simulated operator refuses what upstream hands it in the first sliding-window prefill: the swa_mask
+        # with sparse_mode 4 (0.15.0rc1 - 0.18.0; docs/upstream.md §4.4)
         mask = "npu_fused_infer_attention_score_v2: atten_mask for sparse_mode=4 must be the lower-triangular template"
-        value = "npu_fused_infer_attention_score_v2: value must be contiguous"
-        if ROW.version >= Version("0.17.0rc1"):
-            assert value in bare.log_text or mask in bare.log_text, bare.log_tail
-        else:
-            assert mask in bare.log_text and value not in bare.log_text, bare.log_tail
+        assert mask in bare.log_text, bare.log_tail
+
+
+if matrix.native_attention(ROW):  # 0.19.1rc1: upstream's own attention serves GPT-OSS, with its documented band
+    @pytest.mark.expensive(70)
+    def test_main_job_serves_transformers_with_the_documented_129_key_band():
+        """Calibration through the real engine: the main job (PIECEWISE, tensor parallel 2, gpt-oss-120b's per-rank
+        shapes at TP 8) of this release, which runs GPT-OSS natively (validated on hardware upstream) and which the
+        matrix marks ``attention deviates``: its sliding layers take the fused operator's ``sparse_mode 4`` band of
+        ``pre_tokens + 1`` = 129 keys (docs/upstream.md §4.3). Every exchange's greedy tokens equal transformers'
+        float32 GPT-OSS with ``sliding_window: 129``, and the served log-probabilities are within LOGPROB_TOLERANCE
+        of that model; from GPT-OSS's own 128-key window they are far (every prompt is longer than 128 tokens).
+
+        Upstream's ``BlockTable.compute_slot_mapping`` launches vLLM's Triton kernel ``_compute_slot_mapping_kernel``:
+        the simulator emulates it (:mod:`gptoss_patch.testing.npu_sim.triton_kernels`).
+        """
+        report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=8, startup_timeout=600,
+                               checkpoint_format="bf16-tp2", tensor_parallel_size=2)
+        serve_job.print_report(report)
+        assert report.started, report.log_tail
+        assert report.processes and all(p["decision"] == ROW.verdict for p in report.processes), report.processes
+        assert not report.first_use, report.first_use  # nothing of ours runs: upstream's attention and MoE
+        assert any("PIECEWISE" in k for k in report.graph_captures), report.graph_captures
+        assert len(report.exchanges) == 6 and all(len(e.generated) == 8 for e in report.exchanges)
+        checkpoint = Path(report.command[4])  # [python, -m, vllm.entrypoints.cli.main, serve, CHECKPOINT, ...]
+        band = serve_job.greedy_under(checkpoint, report.exchanges, serve_job.sliding_window(129))
+        assert [e.generated for e in report.exchanges] == band
+        at_129 = serve_job.logprob_diff_under(checkpoint, report.exchanges, serve_job.sliding_window(129))
+        at_128 = serve_job.logprob_diff_under(checkpoint, report.exchanges, serve_job.sliding_window(128))
+        print(f"max |served logprob - transformers|: sliding_window 129 {at_129:.1e}, 128 {at_128:.2e}")
+        assert at_129 <= serve_job.LOGPROB_TOLERANCE < at_128 / 10, (at_129, at_128)
+        assert [e.generated for e in report.exchanges] != [e.reference for e in report.exchanges]

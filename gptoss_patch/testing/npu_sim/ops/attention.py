@@ -82,6 +82,7 @@ from gptoss_patch.testing.npu_sim._base import NotEmulatedError, with_out
 __all__ = [
     "OPS",
     "ACCEPT_FLOAT32",
+    "ACCEPT_STRIDED_QKV",
     "npu_fused_infer_attention_score",
     "npu_fused_infer_attention_score_v2",
     "_npu_fused_infer_attention_score_get_max_workspace",
@@ -100,6 +101,17 @@ INT_MAX = 2147483647
 #: compare exactly against a float32 reference. The real operators accept fp16/bf16 only (OPD-fia
 #: ``query``; ATB SelfAttention/PagedAttention docs). Set to ``False`` for the real dtype check.
 ACCEPT_FLOAT32: bool = True
+
+#: Accept strided (non-contiguous) query/key/value in the fused attention operators and compute on their values.
+#: The op-plugin pages say "不支持非连续的Tensor" (non-contiguous not supported) for each of the three (OPD-fia,
+#: OPD-fia2), but vllm-ascend 0.17.0rc1 - 0.19.1rc1 hand ``npu_fused_infer_attention_score(_v2)`` a strided ``value``
+#: (and ``key``) in every PrefillNoCache batch of every model - the ``value[:num_tokens]`` view of vLLM's fused QKV
+#: projection (``attention_v1.py`` ``forward_fused_infer_attention``) - and those releases run on hardware; and
+#: served that way, 0.19.1rc1 reproduces transformers with its documented band exactly (docs/simulator.md). So the
+#: device takes them; whether op-plugin or the aclnn framework copies them to a contiguous buffer is UNVERIFIED
+#: (op-plugin hands aclnn the tensor's strides). ``False`` restores the pages' refusal. A non-contiguous
+#: ``atten_mask`` is still refused (no release passes one).
+ACCEPT_STRIDED_QKV: bool = True
 
 #: Size in bytes of the workspace tensors returned by the ``_get_*workspace`` helpers. On the NPU this is
 #: the tiling's workspace size; on the CPU no workspace is used, so the size is not meaningful.
@@ -448,8 +460,10 @@ def _fia_prepare(a: _Fia) -> _Plan:  # noqa: C901 - one validation routine per d
     for name, t in (("key", k), ("value", v)):
         if t.dtype != q.dtype:
             _fail(op, f"{name} dtype {t.dtype} must equal the query dtype {q.dtype} (non-quantised path)")
-    for name, t in (("query", q), ("key", k), ("value", v), ("atten_mask", a.atten_mask)):
-        _check_contiguous(op, name, t)
+    if not ACCEPT_STRIDED_QKV:
+        for name, t in (("query", q), ("key", k), ("value", v)):
+            _check_contiguous(op, name, t)
+    _check_contiguous(op, "atten_mask", a.atten_mask)
     if a.inner_precise not in (0, 1, 2, 3):
         _fail(op, f"inner_precise must be 0, 1, 2 or 3, got {a.inner_precise}")
 
@@ -949,7 +963,8 @@ def npu_fused_infer_attention_score(query, key, value, **kwargs):
 
     Raises:
         RuntimeError: a documented limit is violated - the message names the argument (OPD-fia, OPD-fia2
-            constraints: dtypes, non-contiguous query/key/value/atten_mask, ``num_heads`` not a multiple of
+            constraints: dtypes, non-contiguous ``atten_mask`` (query/key/value: :data:`ACCEPT_STRIDED_QKV`),
+            ``num_heads`` not a multiple of
             ``num_key_value_heads`` or ratio > 64, N > 256, D not a multiple of 16 or > 512, TND with > 4096
             batches / missing or decreasing lengths / ``T`` != last cumulative length, ``sparse_mode`` not in
             0-4, mask shape for modes 2-4 not (1,)(1,)2048x2048 or not the causal template, band
