@@ -1,7 +1,9 @@
-"""argparse value checks shared by the command-line tools (verify, server_probe, eval_accuracy, bench_serving).
+"""Shared argparse helpers of the command-line tools (verify and the ops kit): range checks, the program name, parse.
 
-Each returns an argparse ``type=`` callable, so a value out of range is a usage error (exit 2) whose message names the
-one option that holds it (argparse: ``argument --limit: must be >= 1, got 0``), not a combined message about several.
+The range checks (:func:`at_least`, :func:`positive_float`, :func:`int_list`) return argparse ``type=`` callables, so a
+value out of range is a usage error (exit 2) whose message names the one option that holds it (argparse: ``argument
+--limit: must be >= 1, got 0``), not a combined message about several. :func:`prog` names the program as the user
+typed it; :func:`parse` turns argparse's exit into the status ``main`` returns.
 """
 
 from __future__ import annotations
@@ -59,3 +61,13 @@ def prog(script: str, module: str) -> str:
     import sys
 
     return script if os.path.basename(sys.argv[0] if sys.argv else "") == script else f"python -m {module}"
+
+
+def parse(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | int:
+    """``ap.parse_args(argv)``, or the exit status argparse chose when it stopped: 0 after ``--help``, 2 after a usage
+    error (its message already printed). The tools' ``main`` returns an int in that case instead of raising
+    ``SystemExit``, so they can be called in-process and from their console scripts alike."""
+    try:
+        return ap.parse_args(argv)
+    except SystemExit as exc:
+        return 2 if exc.code else 0

@@ -469,7 +469,7 @@ def _positive_int(text: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point; returns the exit status (0 ok, 1 problems, 2 usage error)."""
-    from gptoss_patch._cli import prog
+    from gptoss_patch._cli import parse, prog
 
     ap = argparse.ArgumentParser(prog=prog("gptoss-patch-verify", "gptoss_patch.verify"),
                                  description=__doc__.split("\n\n")[0])
@@ -488,10 +488,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="also write a Markdown report for a bug report to FILE (runs the self-test; "
                          "gptoss_patch.report; only GPTOSS_PATCH_*/VLLM_* variables, secrets not shown)")
     _add_server_arguments(ap)  # gptoss_patch.ops
-    try:
-        args = ap.parse_args(argv)
-    except SystemExit as exc:
-        return 2 if exc.code else 0
+    args = parse(ap, argv)
+    if isinstance(args, int):
+        return args
     usage_error = None
     if (args.selftest or args.report) and (args.server or args.matrix):
         usage_error = f"{'--selftest' if args.selftest else '--report'} checks this host's stack; it cannot be " \

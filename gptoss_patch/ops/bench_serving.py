@@ -189,7 +189,7 @@ def report_lines(results: list[dict]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI; exit 0 = every level ran cleanly (or dry run), 1 = a run failed or a check failed, 2 = usage error."""
-    from gptoss_patch._cli import at_least, int_list, positive_float, prog
+    from gptoss_patch._cli import at_least, int_list, parse, positive_float, prog
 
     ap = argparse.ArgumentParser(prog=prog("gptoss-patch-bench", "gptoss_patch.ops.bench_serving"),
                                  description=__doc__.split("\n")[0])
@@ -210,10 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--evalscope", help="evalscope command (default: the one beside this python, else on PATH)")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, send nothing")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
-    try:
-        args = ap.parse_args(argv)
-    except SystemExit as exc:
-        return 2 if exc.code else 0
+    args = parse(ap, argv)
+    if isinstance(args, int):
+        return args
     try:
         scenarios = [parse_scenario(s) for s in (args.scenario or ["128/128", "1024/1024"])]
         levels = args.concurrency

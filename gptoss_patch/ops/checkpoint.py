@@ -369,17 +369,16 @@ def _shape_hint(key: str, got: tuple, want: tuple) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: ``DIR [--tensor-parallel-size N] [--json]``; exit 0 ok, 1 problems, 2 usage error."""
-    from gptoss_patch._cli import prog
+    from gptoss_patch._cli import parse, prog
 
     ap = argparse.ArgumentParser(prog=prog("gptoss-patch-checkpoint", "gptoss_patch.ops.checkpoint"),
                                  description=__doc__.split("\n")[0])
     ap.add_argument("directory")
     ap.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     ap.add_argument("--json", action="store_true")
-    try:
-        args = ap.parse_args(argv)
-    except SystemExit as exc:
-        return 2 if exc.code else 0
+    args = parse(ap, argv)
+    if isinstance(args, int):
+        return args
     try:
         report = check_checkpoint(args.directory, tp=args.tensor_parallel_size)
     except (ValueError, FileNotFoundError, ImportError) as exc:

@@ -431,7 +431,7 @@ def _report_lines(results: dict) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI; exit 0 = evaluated (or dry run), 1 = lm-eval failed or timed out, 2 = usage or data error."""
-    from gptoss_patch._cli import at_least, positive_float, prog
+    from gptoss_patch._cli import at_least, parse, positive_float, prog
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["lm-eval"]:
@@ -454,10 +454,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dry-run", action="store_true",
                     help="check and convert the data, print the command, send nothing and write nothing to --workdir")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
-    try:
-        args = ap.parse_args(argv)
-    except SystemExit as exc:
-        return 2 if exc.code else 0
+    args = parse(ap, argv)
+    if isinstance(args, int):
+        return args
     try:
         if args.dry_run:  # read and convert the data (errors show) in a scratch directory; --workdir stays untouched
             import tempfile

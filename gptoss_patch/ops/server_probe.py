@@ -319,7 +319,7 @@ def probe_server(url: str, model: str | None = None, *, timeout: float = 120.0, 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI ``URL [--model NAME] [--timeout S] [--json]``: exit 0 ok, 1 problems, 2 usage error."""
-    from gptoss_patch._cli import positive_float, prog
+    from gptoss_patch._cli import parse, positive_float, prog
 
     ap = argparse.ArgumentParser(prog=prog("gptoss-patch-probe", "gptoss_patch.ops.server_probe"),
                                  description=__doc__.split("\n")[0])
@@ -327,10 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", help="served model name (default: the first of GET /v1/models)")
     ap.add_argument("--timeout", type=positive_float, default=120.0, help="seconds per request")
     ap.add_argument("--json", action="store_true")
-    try:
-        args = ap.parse_args(argv)
-    except SystemExit as exc:
-        return 2 if exc.code else 0
+    args = parse(ap, argv)
+    if isinstance(args, int):
+        return args
     try:
         report = probe_server(args.url, args.model, timeout=args.timeout)
     except ValueError as exc:
