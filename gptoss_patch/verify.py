@@ -184,7 +184,6 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
     # attention path of layouts B-F; layouts H and G patch releases with native sinks, whose engine-level check is
     # tests/cell/native_015 (vllm serve through the real engine)
     from gptoss_patch import matrix
-    from gptoss_patch.testing import main_job
 
     row = next((r for r in matrix.ROWS if r.vllm_ascend == status.row), None)
     patched_attention = status.capabilities.get("attention", {}).get("state") == "patched"
@@ -193,6 +192,8 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
                                          "job is vllm serve through the real engine (tests/cell/native_015/"
                                          "test_native_serve.py, or python -m gptoss_patch.testing.serve_job)"}
     elif simulate and status.decision == "apply" and patched_attention and not import_error:
+        from gptoss_patch.testing import main_job  # the simulated run only
+
         report["main_job"] = {}
         for mode, graph in (("eager", False), ("graph", True)):
             job = main_job.run_in_child(graph=graph)

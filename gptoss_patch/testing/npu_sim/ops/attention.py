@@ -105,8 +105,9 @@ ACCEPT_FLOAT32: bool = True
 #: Accept strided (non-contiguous) query/key/value in the fused attention operators and compute on their values.
 #: The op-plugin pages say "不支持非连续的Tensor" (non-contiguous not supported) for each of the three (OPD-fia,
 #: OPD-fia2), but vllm-ascend 0.17.0rc1 - 0.19.1rc1 hand ``npu_fused_infer_attention_score(_v2)`` a strided ``value``
-#: (and ``key``) in every PrefillNoCache batch of every model - the ``value[:num_tokens]`` view of vLLM's fused QKV
-#: projection (``attention_v1.py`` ``forward_fused_infer_attention``) - and those releases run on hardware; and
+#: (and ``key``) in every PrefillNoCache batch of a model with a fused QKV projection - the ``value[:num_tokens]`` view
+#: of that projection's output (``attention_v1.py`` ``forward_fused_infer_attention``) - and those releases run on
+#: hardware; and
 #: served that way, 0.19.1rc1 reproduces transformers with its documented band exactly (docs/simulator.md). So the
 #: device takes them; whether op-plugin or the aclnn framework copies them to a contiguous buffer is UNVERIFIED
 #: (op-plugin hands aclnn the tensor's strides). ``False`` restores the pages' refusal. A non-contiguous
