@@ -49,10 +49,14 @@ Cases and tolerances (all inputs bfloat16, the dtype GPT-OSS serves in; docs/ope
 On a native row the MoE case is the layer-0 MLP of the tiny checkpoint loaded by vLLM's ``get_model`` (per-rank
 intermediate 360; hidden 64 instead of 2880, so that the whole model loads in seconds).
 
-Checked on the simulator only: the harnesses build their tensors on the host and bring up vLLM's worker state
-the way the simulator needs it (:mod:`gptoss_patch.testing.vllm_setup`, :func:`gptoss_patch.testing.native_015.
-vllm_context` install the simulator); on a real NPU the cases still need device placement of their tensors, so there
-they report errors rather than numbers (open work, issue 17).
+Placement: the harnesses put in NPU memory what the model runner keeps there (q/k/v, the paged KV caches, the
+block table, slot mapping, ``query_start_loc`` and - per release - ``seq_lens``, the masks, the layers' parameters,
+the MoE input; the ``*_cpu`` metadata on the host, as the runner keeps it) and copy results back to the host for the
+float32 reference. On the simulator every case runs under its placement audit
+(:mod:`gptoss_patch.testing.npu_sim.placement`): an emulated operator given a host tensor, or an operation mixing
+host and NPU memory, fails the case and names the operator and argument - what a real NPU would reject. On an Ascend
+host the harnesses bring up vLLM's worker state without the simulator, with HCCL
+(:func:`gptoss_patch.testing.vllm_setup.distributed_backend`). That branch has not run on hardware here (no NPU).
 
 Not covered here yet (listed in the result under ``not_covered``): the rope of native rows.
 """
@@ -155,6 +159,17 @@ def _run_case(results: list[CaseResult], name: str, fn: Callable[[], CaseResult]
         results.append(CaseResult(name, None, None, False, error=f"{type(exc).__name__}: {exc}"[:300]))
 
 
+def _placement_audit():
+    """The simulator's placement audit when the NPU is simulated in this process, else nothing to audit."""
+    from gptoss_patch import environment
+
+    if not environment.installed_versions().simulated_npu:
+        return contextlib.nullcontext()
+    from gptoss_patch.testing.npu_sim import placement
+
+    return placement.audit()
+
+
 # ------------------------------------------------------------------------------------------------------ attention
 
 #: ``(name, seqs as (cached, new) pairs, forced state name or None, pad_to)`` of the patched rows.
@@ -197,7 +212,7 @@ def _attention_result(name: str, case: Any, out: torch.Tensor, sinks: torch.Tens
     scale = reference_output(dataclasses.replace(case, full_v=[v.abs() for v in case.full_v]), sinks=sinks,
                              sliding_window=window, scale=HEAD_DIM ** -0.5)
     n = sum(new for _, new in case.seqs)
-    got = out[:n].float().reshape(ref.shape)
+    got = out[:n].cpu().float().reshape(ref.shape)  # the result, copied back to the host
     rel = (got - ref).abs() / (ref.abs() + scale).clamp_min(1e-6)
     err = rel.max().item() if not torch.isnan(got).any() else float("nan")
     return CaseResult(name, err, ATTENTION_TOL, err <= ATTENTION_TOL,  # NaN (an unwritten row) fails
@@ -276,7 +291,7 @@ def _moe(results: list[CaseResult], cfg: Any) -> None:
             if got != (MOE_EXPERTS, inter, MOE_HIDDEN):
                 return CaseResult(name, None, tol, False, error=f"w2 shape {list(got)}, expected "
                                                                  f"{[MOE_EXPERTS, inter, MOE_HIDDEN]}")
-            err = rel_err(run_layer(cfg, layer, w, x), ref)
+            err = rel_err(run_layer(cfg, layer, w, x).cpu(), ref)
             return CaseResult(name, err, tol, err <= tol,
                               f"max|out-ref|/max|ref|; tol transformers-bf16 {hf16:.1e} + 2^-8")
 
@@ -333,9 +348,9 @@ def _native_moe(results: list[CaseResult], cfg: Any, ckpt: str) -> None:
 
     def one():
         native = n015.load_native_model(cfg)
-        x = n015.moe_input(0, MOE_TOKENS).to(torch.bfloat16)
+        x = n015.moe_input(0, MOE_TOKENS).to(torch.bfloat16)  # host; the layer gets an NPU copy
         with torch.no_grad():
-            got = n015.run_native_moe(native, 0, x).float()
+            got = n015.run_native_moe(native, 0, x.to("npu")).cpu().float()
             ref = GptOssForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval().model.layers[0].mlp(
                 x.float()[None])[0][0]
             ref16 = GptOssForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).eval().model.layers[0].mlp(
@@ -408,8 +423,16 @@ def run(status: Any = None) -> SelfTest:
 
     Returns:
         :class:`SelfTest`; never raises for a failing case (the case says what went wrong). On a stack that is not
-        covered (decision *refuse* / *disabled*) it has no cases and is not ok.
+        covered (decision *refuse* / *disabled*) it has no cases and is not ok. On the simulator the cases run under
+        its placement audit (:mod:`gptoss_patch.testing.npu_sim.placement`): a tensor left in host memory where a
+        real NPU needs device memory fails its case, naming the operator and the argument.
     """
+
+    with _placement_audit():
+        return _run(status)
+
+
+def _run(status: Any) -> SelfTest:
     from gptoss_patch import environment, matrix
     from gptoss_patch._state import status as current_status
     from gptoss_patch.kernels import attention as kernels
@@ -417,7 +440,8 @@ def run(status: Any = None) -> SelfTest:
     start = time.monotonic()
     status = status or current_status()
     versions = environment.installed_versions()
-    device = "the CPU NPU simulator" if versions.simulated_npu else f"torch_npu {versions.torch_npu}"
+    device = ("the CPU NPU simulator, placement audited" if versions.simulated_npu
+              else f"torch_npu {versions.torch_npu}")
     row = next((r for r in matrix.ROWS if r.vllm_ascend == status.row), None)
     result = SelfTest(device=device, rows=f"vllm-ascend {versions.vllm_ascend}, decision {status.decision}")
     caps = status.capabilities or {}

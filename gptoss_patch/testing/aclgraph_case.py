@@ -149,12 +149,14 @@ class Group:
 
     def __init__(self, init_lens, gen, dtype=torch.float32):
         nb = MAX_REQS * MAX_BLOCKS + 4
-        self.kc = torch.randn(nb, BLOCK, KVN, D, generator=gen).to(dtype)
-        self.vc = torch.randn(nb, BLOCK, KVN, D, generator=gen).to(dtype)
+        # NPU memory, as the runner keeps them: caches, block table, slot mapping, the device copy of seq_lens
+        self.kc = torch.randn(nb, BLOCK, KVN, D, generator=gen).to(attention_case.NPU, dtype)
+        self.vc = torch.randn(nb, BLOCK, KVN, D, generator=gen).to(attention_case.NPU, dtype)
         self.kc_e, self.vc_e = self.kc.clone(), self.vc.clone()
-        self.bt = torch.zeros(MAX_REQS, MAX_BLOCKS, dtype=torch.int32)
-        self.slots = torch.full((MAX_REQS,), -1, dtype=torch.int32)
+        self.bt = torch.zeros(MAX_REQS, MAX_BLOCKS, dtype=torch.int32, device=attention_case.NPU)
+        self.slots = torch.full((MAX_REQS,), -1, dtype=torch.int32, device=attention_case.NPU)
         self.seq_lens_cpu = torch.zeros(MAX_REQS, dtype=torch.int32)
+        self.seq_lens_npu = torch.zeros(MAX_REQS, dtype=torch.int32, device=attention_case.NPU)
         self.free = torch.randperm(nb - 1, generator=gen).add(1).tolist()   # block 0 stays for padding rows
         self.lengths = list(init_lens)
         self.blocks = []
@@ -197,14 +199,15 @@ class Harness:
         self.kinds, self.sizes = list(kinds), tuple(sizes)
         offsets = offsets or [37 * i for i in range(len(kinds))]
         self.groups = [Group([n + off for n in init_lens], gen, dtype) for off in offsets]
-        weights = [tuple((torch.randn(a, b, generator=gen) * a ** -0.5).to(dtype)
+        weights = [tuple((torch.randn(a, b, generator=gen) * a ** -0.5).to(attention_case.NPU, dtype)
                          for a, b in ((H, N * D), (H, KVN * D), (H, KVN * D), (N * D, H))) for _ in kinds]
-        self.sinks = [(torch.randn(N, generator=gen) * 2).to(dtype) for _ in kinds]
+        self.sinks = [(torch.randn(N, generator=gen) * 2).to(attention_case.NPU, dtype) for _ in kinds]
         self.cfg_g, self.cfg_e = _config(), _config()
         self.graph_model = Toy(self.cfg_g, kinds, weights, self.sinks, [(g.kc, g.vc) for g in self.groups])
         self.eager_model = Toy(self.cfg_e, kinds, weights, self.sinks, [(g.kc_e, g.vc_e) for g in self.groups])
-        self.x = torch.zeros(MAX_REQS, H, dtype=dtype)
-        self.qsl = torch.zeros(MAX_REQS + 1, dtype=torch.int32)
+        self.x = torch.zeros(MAX_REQS, H, dtype=dtype, device=attention_case.NPU)  # the runner's input buffer
+        self.qsl = torch.zeros(MAX_REQS + 1, dtype=torch.int32)  # query_start_loc: host, and its NPU copy
+        self.qsl_npu = torch.zeros(MAX_REQS + 1, dtype=torch.int32, device=attention_case.NPU)
         self.layout = attention_case.installed_layout()
         self.builder = attention_case.make_builder(max_model_len=MAX_BLOCKS * BLOCK)
         self.wrapper = ACLGraphWrapper(self.graph_model, self.cfg_g, runtime_mode=CUDAGraphMode.FULL)
@@ -229,10 +232,15 @@ class Harness:
                 g.seq_lens_cpu[b:] = 0
             num_reqs = num_tokens
         q_cpu = self.qsl[:num_reqs + 1]
+        self.qsl_npu[:num_reqs + 1].copy_(q_cpu)  # the runner's CpuGpuBuffer.copy_to_gpu
+        seq_lens = g.seq_lens_cpu[:num_reqs]
+        if attention_case.SEQ_LENS_ON_DEVICE[self.layout]:
+            g.seq_lens_npu[:num_reqs].copy_(seq_lens)
+            seq_lens = g.seq_lens_npu[:num_reqs]
         state = AscendAttentionState.DecodeOnly
         return attention_case.common_metadata(
-            query_start_loc=q_cpu.clone(), query_start_loc_cpu=q_cpu, seq_lens_cpu=g.seq_lens_cpu,
-            seq_lens=g.seq_lens_cpu[:num_reqs], num_computed_tokens_cpu=g.seq_lens_cpu[:num_reqs] - 1,
+            query_start_loc=self.qsl_npu[:num_reqs + 1], query_start_loc_cpu=q_cpu, seq_lens_cpu=g.seq_lens_cpu,
+            seq_lens=seq_lens, num_computed_tokens_cpu=g.seq_lens_cpu[:num_reqs] - 1,
             num_reqs=num_reqs, num_actual_tokens=b, max_query_len=1, max_seq_len=int(g.seq_lens_cpu.max()),
             decode_token_per_req=1, block_table_tensor=g.bt[:num_reqs], slot_mapping=g.slots,
             actual_seq_lengths_q=q_cpu[1:].tolist(), positions=None,

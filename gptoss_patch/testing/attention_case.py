@@ -84,6 +84,16 @@ RUNNER_MASK = {"B": "per_state", "C": "splitfuse", "E": "builder", "F": "builder
 #: (zeros) and the request count.
 DECODE_PADDING = {"B": "builder", "C": "runner_device_only", "E": "runner", "F": "runner"}
 
+#: Where ``NPUModelRunner`` keeps the ``seq_lens`` of the common metadata, per layout: 0.11 passes
+#: ``self.seq_lens_cpu[:num_reqs]`` (host); 0.12.0rc1 - 0.14.0rc1 ``self.seq_lens.gpu[:num_reqs]`` (device), beside
+#: ``seq_lens_cpu`` (vllm_ascend/worker/model_runner_v1.py ``_prepare_inputs``). The other tensors the runners pass:
+#: ``query_start_loc``, ``block_table_tensor``, ``slot_mapping``, the mask on the device; ``*_cpu`` on the host.
+SEQ_LENS_ON_DEVICE = {"B": False, "C": True, "E": True, "F": True}
+
+#: The device the harnesses place what the model runner keeps in NPU memory on: the NPU (the simulator maps it to
+#: host memory and, under its placement audit, keeps track of what was placed; npu_sim/placement.py).
+NPU = "npu"
+
 
 def attn_state_for(seqs: Sequence[tuple[int, int]], chunked_prefill: bool = True):
     """``NPUModelRunner._build_attn_state`` (0.11 - 0.14, no speculative decoding) for ``(context, new)`` pairs."""
@@ -98,23 +108,25 @@ def attn_state_for(seqs: Sequence[tuple[int, int]], chunked_prefill: bool = True
     return AscendAttentionState.PrefillCacheHit
 
 
-def runner_mask(state, seqs, dtype, layout: str):
-    """The ``attn_mask`` the model runner of ``layout`` puts into the common metadata (None: the builder makes it)."""
+def runner_mask(state, seqs, dtype, layout: str, device: Any = NPU):
+    """The ``attn_mask`` the model runner of ``layout`` puts into the common metadata (None: the builder makes it),
+    made by vllm-ascend's ``AttentionMaskBuilder`` on the runner's device."""
     from vllm_ascend.attention.attention_mask import AttentionMaskBuilder
     from vllm_ascend.attention.attention_v1 import AscendAttentionState
 
     kind = RUNNER_MASK[layout]
+    device = torch.device(device)
     if kind == "builder":
         return None
     if kind == "splitfuse":
-        return AttentionMaskBuilder(torch.device("cpu")).get_splitfuse_attn_mask()
-    builder = AttentionMaskBuilder(max_seq_len=2048, dtype=dtype, device=torch.device("cpu"))
+        return AttentionMaskBuilder(device).get_splitfuse_attn_mask()
+    builder = AttentionMaskBuilder(max_seq_len=2048, dtype=dtype, device=device)
     if state == AscendAttentionState.ChunkedPrefill:
         return builder.get_splitfuse_attn_mask()
     if state == AscendAttentionState.PrefillNoCache:
-        return builder.get_attn_mask(max(c + n for c, n in seqs), dtype, torch.device("cpu"))
+        return builder.get_attn_mask(max(c + n for c, n in seqs), dtype, device)
     if state == AscendAttentionState.PrefillCacheHit:
-        return builder.get_attn_mask(128, dtype, torch.device("cpu"))
+        return builder.get_attn_mask(128, dtype, device)
     return None
 
 
@@ -129,12 +141,12 @@ def builder_config(*, max_model_len: int = 4096, dtype: torch.dtype = torch.floa
                                  kv_transfer_config=None)
 
 
-def make_builder(**config):
-    """vllm-ascend's own ``AscendAttentionMetadataBuilder`` (kv-cache spec None: a decoder layer; see
-    :func:`builder_config` for ``config``)."""
+def make_builder(device: Any = NPU, **config):
+    """vllm-ascend's own ``AscendAttentionMetadataBuilder`` on ``device`` (the runner passes its NPU device;
+    kv-cache spec None: a decoder layer; see :func:`builder_config` for ``config``)."""
     from vllm_ascend.attention.attention_v1 import AscendAttentionMetadataBuilder
 
-    return AscendAttentionMetadataBuilder(None, [], builder_config(**config), torch.device("cpu"))
+    return AscendAttentionMetadataBuilder(None, [], builder_config(**config), torch.device(device))
 
 
 def common_metadata(**fields):
@@ -157,7 +169,8 @@ def common_metadata(**fields):
 
 def build_case(seqs: Sequence[tuple[int, int]], *, num_heads: int, num_kv_heads: int, head_dim: int = 64,
                block_size: int = 128, dtype: torch.dtype = torch.float32, seed: int = 0, state=None,
-               max_model_len: int = 4096, pad_to: int | None = None, layout: str | None = None) -> Case:
+               max_model_len: int = 4096, pad_to: int | None = None, layout: str | None = None,
+               device: Any = NPU) -> Case:
     """Build a batch of sequences given as ``(context_len, new_len)`` pairs (context already in the cache).
 
     The metadata is what the real ``AscendAttentionMetadataBuilder.build`` of the installed release makes from the
@@ -173,6 +186,9 @@ def build_case(seqs: Sequence[tuple[int, int]], *, num_heads: int, num_kv_heads:
         state: force an :class:`AscendAttentionState` (default: the model runner's rule).
         pad_to: decode graph padding - total input tokens after padding (``num_input_tokens``).
         layout: module-layout family (default :func:`installed_layout`).
+        device: where the runner's device tensors go (q/k/v, caches, ``query_start_loc``, ``block_table_tensor``,
+            ``slot_mapping``, the mask, ``seq_lens`` where :data:`SEQ_LENS_ON_DEVICE`); ``full_k``/``full_v``, the
+            reference's inputs, and the ``*_cpu`` fields stay on the host.
     """
     layout = layout or installed_layout()
     g = torch.Generator().manual_seed(seed)
@@ -231,21 +247,22 @@ def build_case(seqs: Sequence[tuple[int, int]], *, num_heads: int, num_kv_heads:
     seq_lens = torch.tensor(kv_lens, dtype=torch.int32)
     computed = torch.tensor([c for c, _ in seqs] + [0] * (num_reqs - len(seqs)), dtype=torch.int32)
     common = common_metadata(
-        query_start_loc=q_start.clone(), query_start_loc_cpu=q_start, seq_lens_cpu=seq_lens, seq_lens=seq_lens.clone(),
+        query_start_loc=q_start.to(device), query_start_loc_cpu=q_start, seq_lens_cpu=seq_lens,
+        seq_lens=seq_lens.to(device) if SEQ_LENS_ON_DEVICE[layout] else seq_lens.clone(),
         num_computed_tokens_cpu=computed, num_reqs=num_reqs, num_actual_tokens=num_actual, max_query_len=max(q_lens),
-        max_seq_len=max(kv_lens), decode_token_per_req=1, block_table_tensor=block_table,
-        slot_mapping=torch.tensor(slots, dtype=torch.int32), actual_seq_lengths_q=q_start[1:].tolist(),
-        positions=None, attn_mask=runner_mask(state, seqs, dtype, layout), attn_state=state,
+        max_seq_len=max(kv_lens), decode_token_per_req=1, block_table_tensor=block_table.to(device),
+        slot_mapping=torch.tensor(slots, dtype=torch.int32).to(device), actual_seq_lengths_q=q_start[1:].tolist(),
+        positions=None, attn_mask=runner_mask(state, seqs, dtype, layout, device), attn_state=state,
         num_input_tokens=pad_to or num_actual)
-    builder = make_builder(max_model_len=max_model_len, dtype=dtype)
+    builder = make_builder(device, max_model_len=max_model_len, dtype=dtype)
     metadata = builder.build(0, common)
     if pad_to and pad_to > num_actual:
         pad = pad_to - num_actual
         query = torch.cat([query, torch.zeros(pad, query.shape[1], dtype=dtype)])
         key = torch.cat([key, torch.zeros(pad, key.shape[1], dtype=dtype)])
         value = torch.cat([value, torch.zeros(pad, value.shape[1], dtype=dtype)])
-    return Case(list(seqs), num_heads, num_kv_heads, head_dim, query, key, value, k_cache, v_cache, metadata,
-                state, full_k, full_v)
+    return Case(list(seqs), num_heads, num_kv_heads, head_dim, query.to(device), key.to(device), value.to(device),
+                k_cache.to(device), v_cache.to(device), metadata, state, full_k, full_v)
 
 
 def calls_forward_with_trace_flag(layout: str) -> bool:
@@ -284,7 +301,7 @@ def reference_output(case: Case, *, sinks: torch.Tensor, sliding_window: int | N
     holder.eval()
     mask_fn = causal_mask_function if sliding_window is None else sliding_window_causal_mask_function(sliding_window)
     outs = []
-    q_all = case.query.float().view(-1, case.num_heads, case.head_dim)
+    q_all = case.query.cpu().float().view(-1, case.num_heads, case.head_dim)
     start = 0
     for i, (c, n) in enumerate(case.seqs):
         q = q_all[start:start + n].transpose(0, 1).unsqueeze(0)          # [1, N, n, D]
@@ -339,7 +356,7 @@ def make_impl(num_heads: int, num_kv_heads: int, window: int | None, sinks: torc
 
     if not _CONFIG:
         _CONFIG.append(VllmConfig())
-    kwargs = {} if sinks is None else {"sinks": sinks}
+    kwargs = {} if sinks is None else {"sinks": sinks.to(NPU)}  # the layer's parameter, in NPU memory
     with set_current_vllm_config(_CONFIG[0]):
         return aa.AscendAttentionBackendImpl(num_heads, head_dim, head_dim ** -0.5, num_kv_heads, None, window,
                                              "auto", None, "decoder", None, **kwargs)
@@ -372,7 +389,7 @@ def run_forward(impl, case: Case, output: torch.Tensor | None = None, forward=No
         value of forward)``.
     """
     out = output if output is not None else torch.full((case.num_tokens, impl.num_heads, impl.head_size),
-                                                       float("nan"), dtype=case.query.dtype)
+                                                       float("nan"), dtype=case.query.dtype, device=NPU)
     with eager_forward_context(case.metadata):
         ret = forward_as_vllm(impl, _Layer(), case.query, case.key, case.value, (case.key_cache, case.value_cache),
                               case.metadata, out, layout=installed_layout(), forward=forward)

@@ -325,7 +325,8 @@ def build_layer(cfg, w, dtype, *, tp_rank=0, tp_size=1, activation="swigluoai", 
     interleaved ``gate_up_proj``, row range of ``down_proj``, ``w2_bias`` only on rank 0), then
     ``process_weights_after_loading``. ``tp_size > 1`` builds that rank's layer in this single-process world (the
     per-rank shapes; the all-reduce is done by the caller). Float32 layers get :func:`fp32_nz_off` unless
-    ``release_nz``."""
+    ``release_nz``. The parameters are made in NPU memory (vLLM's ``get_model`` builds the model under
+    ``with torch.device(load_device)``) and the host weights copied in, as the weight loader does."""
     from vllm.model_executor.layers.fused_moe import FusedMoE
 
     from gptoss_patch.testing import vllm_setup
@@ -333,7 +334,7 @@ def build_layer(cfg, w, dtype, *, tp_rank=0, tp_size=1, activation="swigluoai", 
     e, h, i = w.dims
     per_rank = i // tp_size
     start, end = tp_rank * per_rank, (tp_rank + 1) * per_rank
-    with vllm_setup.ascend_context(vllm_config=cfg), set_default_torch_dtype(dtype):
+    with vllm_setup.ascend_context(vllm_config=cfg), set_default_torch_dtype(dtype), torch.device("npu"):
         layer = FusedMoE(num_experts=e, top_k=TOP_K, hidden_size=h, intermediate_size=per_rank, reduce_results=True,
                          renormalize=True, quant_config=None, prefix=f"gptoss_moe_case.{next(_names)}.experts",
                          apply_router_weight_on_input=False, has_bias=has_bias, activation=activation,
@@ -353,18 +354,19 @@ def run_layer(cfg, layer, w, x, *, moe_comm_type=None, with_prefill=True):
     """Router ``Linear`` (in the layer's dtype, as ``MLPBlock.router``) then the MoE layer, in vllm-ascend's forward
     context for ``len(x)`` tokens, with the communication method the release's runner picks (or ``moe_comm_type``).
     The MoE communication methods are process-global in vllm-ascend (set up by the last ``AscendFusedMoE`` built), so
-    they are set up for this layer first. ``x`` ``[T, H]`` (any float dtype, cast to the layer's); returns ``[T, H]`` in
-    the layer's dtype."""
+    they are set up for this layer first. ``x`` ``[T, H]`` (any float dtype, on the host or the NPU; cast to the
+    layer's and placed on the NPU, with the router's weights); returns ``[T, H]`` in the layer's dtype, in NPU
+    memory."""
     from gptoss_patch.testing import vllm_setup
     from gptoss_patch.testing.attention_case import installed_layout
 
     comm = moe_modules(installed_layout()).comm
     dtype = layer.w13_weight.dtype
-    xd = x.to(dtype)
+    xd = x.to("npu", dtype)
     with vllm_setup.ascend_context(vllm_config=cfg), torch.no_grad():
         comm.setup_moe_comm_method(layer.moe_config)
         if moe_comm_type is None:
             moe_comm_type = select_moe_comm_type(cfg, xd.shape[0], with_prefill)
-        logits = torch.nn.functional.linear(xd, w.router_w.to(dtype), w.router_b.to(dtype))
+        logits = torch.nn.functional.linear(xd, w.router_w.to("npu", dtype), w.router_b.to("npu", dtype))
         with vllm_setup.forward_context(cfg, xd.shape[0], with_prefill=with_prefill, moe_comm_type=moe_comm_type):
             return layer(hidden_states=xd, router_logits=logits)

@@ -52,7 +52,7 @@ from typing import Any, Sequence
 import torch
 
 from gptoss_patch.testing import vllm_setup
-from gptoss_patch.testing.attention_case import Case
+from gptoss_patch.testing.attention_case import NPU, Case
 
 _WP = "vllm_ascend.patch.worker."
 
@@ -128,7 +128,8 @@ def vllm_context(ckpt_dir: str | None = None, dtype: str = "float32"):
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from gptoss_patch.testing import npu_sim
 
-        npu_sim.install()
+        if not npu_sim.real_npu_host():  # on an Ascend host the real torch_npu and HCCL serve
+            npu_sim.install()
         if ckpt_dir is None:
             from gptoss_patch.testing.tiny import write_checkpoint
 
@@ -142,7 +143,8 @@ def vllm_context(ckpt_dir: str | None = None, dtype: str = "float32"):
                          skip_tokenizer_init=True, block_size=BLOCK_SIZE).create_engine_config()
         with set_current_vllm_config(cfg):
             rendezvous = vllm_setup.process_scratch("gptoss-015-", directory=False)
-            init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+            init_distributed_environment(world_size=1, rank=0, local_rank=0,
+                                         backend=vllm_setup.distributed_backend(),
                                          distributed_init_method=f"file://{rendezvous}")
             ensure_model_parallel_initialized(1, 1, 1, 1)
             from vllm_ascend import ops
@@ -251,12 +253,14 @@ def build_case(cfg, seqs: Sequence[tuple[int, int]], *, num_heads: int, num_kv_h
     seq_lens = torch.tensor([c + n for c, n in seqs], dtype=torch.int32)
     num_actual = int(sum(q_lens))
     state = attn_state_for(seqs, cfg.scheduler_config.enable_chunked_prefill)
+    # NPU memory as the model runner keeps it (``query_start_loc.gpu``, ``seq_lens`` on the device, the block table
+    # and slot mapping; ``*_cpu`` on the host: vllm_ascend/worker/model_runner_v1.py of 0.15.0rc1 - 0.19.1rc1)
     common = AscendCommonAttentionMetadata(
-        query_start_loc=q_start.clone(), query_start_loc_cpu=q_start, seq_lens=seq_lens.clone(),
+        query_start_loc=q_start.to(NPU), query_start_loc_cpu=q_start, seq_lens=seq_lens.to(NPU),
         seq_lens_cpu=seq_lens, num_computed_tokens_cpu=torch.tensor([c for c, _ in seqs], dtype=torch.int32),
         num_reqs=len(seqs), num_actual_tokens=num_actual, max_query_len=max(q_lens),
-        max_seq_len=int(seq_lens.max()), block_table_tensor=block_table,
-        slot_mapping=torch.tensor(slots, dtype=torch.int32), causal=True, num_input_tokens=num_actual,
+        max_seq_len=int(seq_lens.max()), block_table_tensor=block_table.to(NPU),
+        slot_mapping=torch.tensor(slots, dtype=torch.int32).to(NPU), causal=True, num_input_tokens=num_actual,
         actual_seq_lengths_q=q_start[1:].tolist(), positions=None, attn_state=state, decode_token_per_req=1)
     spec_dtype = getattr(torch, cfg.model_config.dtype) if isinstance(cfg.model_config.dtype, str) else \
         cfg.model_config.dtype
@@ -265,13 +269,13 @@ def build_case(cfg, seqs: Sequence[tuple[int, int]], *, num_heads: int, num_kv_h
     else:
         spec = SlidingWindowSpec(block_size=bs, num_kv_heads=num_kv_heads, head_size=head_dim, dtype=spec_dtype,
                                  sliding_window=sliding_window)
-    builder = AscendAttentionMetadataBuilder(spec, ["model.layers.0.self_attn.attn"], cfg, torch.device("npu"))
+    builder = AscendAttentionMetadataBuilder(spec, ["model.layers.0.self_attn.attn"], cfg, torch.device(NPU))
     metadata = builder.build(0, common)
-    query = torch.cat(q_parts)
-    key = torch.cat(k_parts)
-    value = torch.cat(v_parts)
-    return Case(list(seqs), num_heads, num_kv_heads, head_dim, query, key, value, k_cache, v_cache, metadata, state,
-                full_k, full_v)
+    query = torch.cat(q_parts).to(NPU)
+    key = torch.cat(k_parts).to(NPU)
+    value = torch.cat(v_parts).to(NPU)
+    return Case(list(seqs), num_heads, num_kv_heads, head_dim, query, key, value, k_cache.to(NPU), v_cache.to(NPU),
+                metadata, state, full_k, full_v)
 
 
 def make_impl(cfg, *, num_heads: int, num_kv_heads: int, sliding_window: int | None, sinks: torch.Tensor | None,
@@ -285,7 +289,8 @@ def make_impl(cfg, *, num_heads: int, num_kv_heads: int, sliding_window: int | N
 
     with set_current_vllm_config(cfg):
         return AscendAttentionBackendImpl(num_heads, head_dim, head_dim ** -0.5, num_kv_heads, None, sliding_window,
-                                          "auto", None, "decoder", None, sinks=sinks)
+                                          "auto", None, "decoder", None,
+                                          sinks=None if sinks is None else sinks.to(NPU))  # the layer's parameter
 
 
 class _Layer:
@@ -316,7 +321,8 @@ def run_native_forward(cfg, impl, case: Case, metadata=None, upstream: bool = Fa
     from vllm_ascend.ascend_forward_context import set_ascend_forward_context
 
     md = case.metadata if metadata is None else metadata
-    out = torch.full((case.num_tokens, case.num_heads, case.head_dim), float("nan"), dtype=case.query.dtype)
+    out = torch.full((case.num_tokens, case.num_heads, case.head_dim), float("nan"), dtype=case.query.dtype,
+                     device=NPU)
     kv = (case.key_cache.clone(), case.value_cache.clone())
     from gptoss_patch.registry import MARKER
 

@@ -1,4 +1,6 @@
-"""Bring up the real vLLM + vllm-ascend worker state in this process, on the CPU NPU simulator.
+"""Bring up the real vLLM + vllm-ascend worker state in this process, on the CPU NPU simulator (or, on an Ascend host
+with the real ``torch_npu`` - ``verify --selftest`` there -, on the NPU: nothing is simulated and the device group uses
+HCCL; :func:`distributed_backend`. That branch has not run here: no NPU).
 
 What ``NPUWorker.__init__`` / ``_init_worker_distributed_environment`` and ``NPUModelRunner`` do before a forward pass
 (vllm_ascend/worker/worker_v1.py and model_runner_v1.py in 0.11.0 / 0.12.0rc1 / 0.13.0 / 0.14.0rc1; worker/worker.py in
@@ -26,7 +28,8 @@ Example::
 
 Requirements: ``GPTOSS_PATCH_SIMULATE_NPU=1`` in the environment before vLLM is first imported (vLLM inspects the model
 registry in a child interpreter, which must see the simulator too); :func:`ascend_context` sets it and
-``VLLM_ENABLE_V1_MULTIPROCESSING=0`` if unset and installs the simulator in this process. The first
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` if unset and installs the simulator in this process - unless a real ``torch_npu``
+serves this process (``npu_sim.real_npu_host``). The first
 :func:`engine_config` of a machine takes ~50 s (vLLM's registry inspection, cached afterwards in ``~/.cache/vllm``).
 
 Worker patches: ``adapt_patch()`` imports ``vllm_ascend/patch/worker/__init__.py``. In vllm-ascend 0.12.0rc1
@@ -69,11 +72,22 @@ _world: dict[str, int] | None = None
 
 
 def _prepare_process() -> None:
-    os.environ.setdefault("GPTOSS_PATCH_SIMULATE_NPU", "1")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from gptoss_patch.testing import npu_sim
 
+    if npu_sim.real_npu_host():
+        return  # an Ascend host (verify --selftest without --simulate): the real torch_npu serves
+    os.environ.setdefault("GPTOSS_PATCH_SIMULATE_NPU", "1")
     npu_sim.install()
+
+
+def distributed_backend() -> str:
+    """The ``torch.distributed`` backend of the device group: ``"hccl"`` on an Ascend host (what ``NPUWorker``'s
+    ``_init_worker_distributed_environment`` passes), ``"gloo"`` on the simulator (its collectives run on gloo;
+    docs/simulator.md §2)."""
+    from gptoss_patch.testing import npu_sim
+
+    return "hccl" if npu_sim.real_npu_host() else "gloo"
 
 
 def engine_config(checkpoint_dir: str | os.PathLike, **engine_args: Any):
@@ -141,7 +155,7 @@ def _init_world(cfg: Any, rank: int, distributed_init_method: str | None) -> Non
 
     method = distributed_init_method or f"file://{process_scratch('gptoss-dist-', directory=False)}"
     init_distributed_environment(world_size=pc.world_size, rank=rank, distributed_init_method=method,
-                                 local_rank=rank, backend="gloo")
+                                 local_rank=rank, backend=distributed_backend())
     ensure_model_parallel_initialized(pc.tensor_parallel_size, pc.pipeline_parallel_size)
     from vllm_ascend.distributed.parallel_state import init_ascend_model_parallel
 

@@ -158,6 +158,42 @@ def run_python(code: str, **env_overrides) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
 
 
+_QUERY_ON_HOST = """
+import dataclasses, json
+import vllm_ascend  # noqa: F401 - activation through the .pth
+from gptoss_patch import selftest
+from gptoss_patch.testing import attention_case, native_015
+
+
+def left_on_host(build):
+    def build_case(*args, **kwargs):
+        case = build(*args, **kwargs)
+        return dataclasses.replace(case, query=case.query.cpu())  # as if the harness had no .to("npu") for it
+    return build_case
+
+
+attention_case.build_case = left_on_host(attention_case.build_case)
+native_015.build_case = left_on_host(native_015.build_case)
+print("SELFTEST " + json.dumps(selftest.run().as_dict()))
+"""
+
+
+def selftest_with_query_on_host() -> dict:
+    """``gptoss_patch.selftest.run()`` on the simulator in a fresh interpreter of this cell's venv, its attention
+    harnesses (``attention_case.build_case``, ``native_015.build_case``) made to leave the query in host memory - the
+    placement a missing ``.to("npu")`` would leave on an Ascend host. Returns ``SelfTest.as_dict()``.
+
+    Raises:
+        AssertionError: the child printed no result line.
+    """
+    import json
+
+    proc = run_python(_QUERY_ON_HOST, GPTOSS_PATCH_SIMULATE_NPU="1", GPTOSS_PATCH_SIM_FAULT=None)
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("SELFTEST ")), None)
+    assert line is not None, f"no self-test result (rc {proc.returncode}): {proc.stdout[-2000:]} {proc.stderr[-3000:]}"
+    return json.loads(line.removeprefix("SELFTEST "))
+
+
 def run_selftest(fault: str | None = None, *extra: str, **env_overrides: str) -> tuple[subprocess.CompletedProcess,
                                                                                        dict]:
     """``python -m gptoss_patch.verify --selftest --json --no-children EXTRA`` in a fresh interpreter of this cell's

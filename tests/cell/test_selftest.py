@@ -5,7 +5,7 @@ name exactly the cases that deviation breaks (gptoss_patch/selftest.py states th
 
 import pytest
 
-from conftest import REPORT_SECRETS, run_selftest
+from conftest import REPORT_SECRETS, run_selftest, selftest_with_query_on_host
 
 from gptoss_patch import selftest
 
@@ -42,6 +42,22 @@ def test_selftest_human_lines_name_case_error_and_tolerance(verify_simulate):
     case = next(c for c in st["cases"] if c["case"] == "attention/lse/prefix_hit/full")
     assert f"{case['max_error']:.2e}" in row and f"{case['tolerance']:.2e}" in row and "PASS" in row
     assert lines[-1].startswith("self-test passed")
+
+
+@pytest.mark.expensive(15)
+def test_a_query_left_in_host_memory_fails_every_attention_case_naming_the_operator_argument():
+    """The placement audit the cases run under on the simulator (npu_sim/placement.py): the attention harness made to
+    leave ``query`` on the host fails every attention case with the fused attention operator and ``query`` named - what
+    an Ascend host would refuse -, while the graph, MoE and YaRN cases (other harnesses) pass. The clean run above
+    passes under the same audit, so every tensor the cases hand the NPU is placed there."""
+    st = selftest_with_query_on_host()
+    attention = {c for c in EXPECTED if c.startswith("attention/")}
+    assert set(st["failed"]) == attention and not st["ok"]
+    for c in st["cases"]:
+        if c["case"] in attention:
+            op = "npu_fused_infer_attention_score_v2" if "/v2/" in c["case"] else "npu_fused_infer_attention_score"
+            assert c["error"].startswith(f"PlacementError: torch_npu.{op}: query ("), c
+            assert "is in host memory" in c["error"] and c["max_error"] is None, c
 
 
 @pytest.mark.expensive(20)

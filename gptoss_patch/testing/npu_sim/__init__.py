@@ -53,6 +53,15 @@ def _real_torch_npu_origin() -> str | None:
     return spec.origin if spec is not None else None
 
 
+def real_npu_host() -> bool:
+    """True when this process runs on the real ``torch_npu``: one is imported, or installed, and the simulator is
+    not installed here (:func:`install` refuses to shadow it unless forced). The harnesses that bring up vLLM's
+    worker state (``testing.vllm_setup``, ``testing.native_015``) then leave the simulator out and use HCCL."""
+    if is_installed():
+        return False
+    return sys.modules.get("torch_npu") is not None or _real_torch_npu_origin() is not None
+
+
 def _build_modules() -> dict[str, types.ModuleType]:
     from gptoss_patch.testing.npu_sim import device, distributed, graph, ops, runtime
 

@@ -25,6 +25,7 @@ from typing import Any, Iterator
 from torch.overrides import TorchFunctionMode
 
 from gptoss_patch import config
+from gptoss_patch.testing.npu_sim import placement
 
 #: ACL SoC version of Ascend910B1 (torch_npu ``NpuVariables.h`` ``SocVersion::Ascend910B1``).
 SOC_VERSION = 220
@@ -283,6 +284,11 @@ class NPUOnCPU(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if placement.active():  # the placement audit (placement.py) decides residency around the mapped call
+            return placement.handle(func, args, kwargs, lambda a, k: self._mapped(func, a, k))
+        return self._mapped(func, args, kwargs)
+
+    def _mapped(self, func, args, kwargs):
         if func is _PIN_MEMORY:
             # ``Tensor.pin_memory()`` (vllm-ascend 0.15's metadata builder calls it before ``.to("npu")``):
             # page-locking is a transfer-speed property with no effect on values, and the simulated device
@@ -297,8 +303,9 @@ class NPUOnCPU(TorchFunctionMode):
                                                             and not isinstance(args[0], bool))):
             # ``torch.device("npu", 0)``, ``torch.device("npu:0")``, ``torch.device(0)`` (index 0 of the current
             # accelerator, as vLLM's MemorySnapshot builds it from ``current_platform.current_device()``): all the same
-            # host device, without an index, so that devices built either way compare equal
-            return func("cpu")
+            # host device, without an index, so that devices built either way compare equal (while auditing
+            # placement: placement.NPU_MARK, the host device with index 0, so that the request stays recognisable)
+            return placement.NPU_MARK if placement.active() else func("cpu")
         if func is _HISTC[0] or func is _HISTC[1]:
             first = args[0] if args else kwargs.get("input")
             if first is not None and not first.is_floating_point():
@@ -339,8 +346,9 @@ def enter_device_mapping() -> None:
     _state.mapped = True
     if not hasattr(torch.Tensor, "npu") or not getattr(torch.Tensor.npu, "_gptoss_sim", False):
         def npu(self, device=None, non_blocking=False, memory_format=None):
-            """``Tensor.npu()``: the simulated device shares host memory, so the tensor itself."""
-            return self
+            """``Tensor.npu()``: the simulated device shares host memory, so the tensor itself (under the placement
+            audit: a resident copy of a host tensor, ``placement.npu_copy``)."""
+            return placement.npu_copy(self) if placement.active() else self
 
         npu._gptoss_sim = True  # type: ignore[attr-defined]
         torch.Tensor.npu = npu  # type: ignore[attr-defined]

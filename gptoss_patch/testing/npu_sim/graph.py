@@ -95,7 +95,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from gptoss_patch.testing.npu_sim import device
+from gptoss_patch.testing.npu_sim import device, placement
 from gptoss_patch.testing.npu_sim._base import NotEmulated, NotEmulatedError
 
 __all__ = [
@@ -822,6 +822,18 @@ def _dispatch(name: str, fn: Callable[..., Any], host_params: tuple[str, ...], h
               kwargs: dict) -> Any:
     if name in ANNOUNCED and name not in _announced:
         _announce(name)
+    if placement.active():  # the placement audit: NPU arguments checked, the kernel's own work not audited
+        if not host_only:
+            placement.check_operator(name, _positional_names(fn), host_params, args, kwargs)
+        with placement.suspended():
+            result = _dispatch_unaudited(name, fn, host_params, host_only, args, kwargs)
+        placement.mark_resident(result)  # what an operator returns (a workspace too) is NPU memory
+        return result
+    return _dispatch_unaudited(name, fn, host_params, host_only, args, kwargs)
+
+
+def _dispatch_unaudited(name: str, fn: Callable[..., Any], host_params: tuple[str, ...], host_only: bool,
+                        args: tuple, kwargs: dict) -> Any:
     cap = _capture
     if _tls.device_exec or (cap is not None and cap.leaf_depth and cap.mine()):
         return fn(*args, **kwargs)

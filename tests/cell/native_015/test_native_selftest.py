@@ -9,7 +9,7 @@ cases."""
 
 import pytest
 
-from conftest import ROW, run_selftest
+from conftest import ROW, run_selftest, selftest_with_query_on_host
 
 from gptoss_patch import matrix, selftest
 
@@ -57,3 +57,14 @@ def test_injected_wider_band_fails_the_sliding_cases():
     proc, report = run_selftest("band129")
     assert proc.returncode == 1
     assert set(report["selftest"]["failed"]) == SLIDING
+
+
+def test_a_query_left_in_host_memory_fails_every_attention_case_naming_the_operator_argument():
+    """The placement audit (npu_sim/placement.py) on the release's own attention path: the query left on the host by
+    the harness fails every attention case at the fused attention operator's ``query``; the MoE case passes."""
+    st = selftest_with_query_on_host()
+    assert set(st["failed"]) == ATTENTION
+    for c in st["cases"]:
+        if c["case"] in ATTENTION:
+            assert c["error"].startswith("PlacementError: torch_npu.npu_fused_infer_attention_score"), c
+            assert ": query (" in c["error"] and "is in host memory" in c["error"], c

@@ -1,0 +1,160 @@
+"""The simulator's placement audit (npu_sim/placement.py, docs/simulator.md §4.1): under it, host memory reaching the
+NPU - an emulated operator given a host tensor, an operation mixing host and NPU tensors - raises, naming the operator
+and argument, as a real NPU would refuse it; correctly placed code runs unchanged. Outside the audit nothing changes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+import torch
+
+from gptoss_patch.testing import npu_sim
+
+torch_npu = npu_sim.install()
+from gptoss_patch.testing.npu_sim import device, placement  # noqa: E402
+from gptoss_patch.testing.npu_sim.placement import PlacementError  # noqa: E402
+
+
+def _cache_args(device_of):
+    """``_npu_reshape_and_cache`` arguments (4 blocks of 16 slots, one KV head of 8): each tensor from
+    ``device_of(name)`` (``"npu"`` or ``"cpu"``)."""
+    shapes = {"key": (3, 1, 8), "value": (3, 1, 8), "key_cache": (4, 16, 1, 8), "value_cache": (4, 16, 1, 8)}
+    args = {k: torch.zeros(s, device=device_of(k)) for k, s in shapes.items()}
+    args["slot_indices"] = torch.tensor([0, 5, 17], dtype=torch.int32, device=device_of("slot_indices"))
+    return args
+
+
+def test_an_operator_given_host_memory_names_the_argument_and_placed_memory_passes():
+    with placement.audit():
+        ok = _cache_args(lambda name: "npu")
+        ok["key"].fill_(2.0)
+        torch_npu._npu_reshape_and_cache(**ok)
+        assert torch.equal(ok["key_cache"][0, 5].cpu(), torch.full((1, 8), 2.0))  # it ran, and wrote the slot
+        for wrong in ("key", "value_cache", "slot_indices"):
+            bad = _cache_args(lambda name, wrong=wrong: "cpu" if name == wrong else "npu")
+            with pytest.raises(PlacementError, match=rf"torch_npu\._npu_reshape_and_cache: {wrong} .* host memory"):
+                torch_npu._npu_reshape_and_cache(**bad)
+        # positional arguments are named too
+        bad = _cache_args(lambda name: "cpu" if name == "key" else "npu")
+        with pytest.raises(PlacementError, match=r"_npu_reshape_and_cache: key \(3, 1, 8\) float32"):
+            torch_npu._npu_reshape_and_cache(*bad.values())
+
+
+def test_arguments_the_operator_reads_on_the_host_stay_on_the_host():
+    """``_npu_paged_attention``'s ``context_lens`` is host memory on the device (ATB hostData; vllm-ascend passes
+    ``seq_lens`` from the host): accepted under the audit; a host ``block_table`` is not."""
+    with placement.audit():
+        n, kvn, d = 8, 1, 64
+        kw = dict(query=torch.zeros(2, n, d, device="npu"), key_cache=torch.zeros(4, 128, kvn, d, device="npu"),
+                  value_cache=torch.zeros(4, 128, kvn, d, device="npu"), num_kv_heads=kvn, num_heads=n,
+                  scale_value=0.125, block_table=torch.tensor([[1], [2]], dtype=torch.int32, device="npu"),
+                  context_lens=torch.tensor([3, 5], dtype=torch.int32), out=torch.zeros(2, n, d, device="npu"))
+        torch_npu._npu_paged_attention(**kw)
+        kw["block_table"] = kw["block_table"].cpu()
+        with pytest.raises(PlacementError, match="_npu_paged_attention: block_table"):
+            torch_npu._npu_paged_attention(**kw)
+
+
+def test_mixing_host_and_npu_tensors_raises_and_transfers_do_not():
+    with placement.audit():
+        a = torch.ones(4, device="npu")
+        host = torch.ones(4)
+        with pytest.raises(PlacementError, match=r"torch\.add: .*host: \(4,\) float32.*Expected all tensors to be on the same"):
+            torch.add(a, host)
+        with pytest.raises(PlacementError, match="same device"):
+            a * host
+        assert (a + torch.tensor(2.0)).tolist() == [3.0] * 4  # a 0-dim host tensor is a scalar
+        a.copy_(host * 5)  # copy_ is a transfer
+        a[torch.tensor([0, 1])] = torch.zeros(2)  # host index tensors and __setitem__
+        assert a.tolist() == [0.0, 0.0, 5.0, 5.0]
+        b = host.to("npu")
+        assert placement.is_resident(b) and not placement.is_resident(host)
+        assert b.data_ptr() != host.data_ptr()  # host and NPU memory are different memory
+        torch.add(a, b)
+        back = b.cpu()
+        assert back.data_ptr() != b.data_ptr() and placement.is_host(back)
+        with pytest.raises(PlacementError):
+            torch.add(a, back)
+        assert placement.is_resident(host.npu())
+        assert placement.is_resident(a[1:3]) and placement.is_resident(a.view(2, 2))  # views share the placement
+        assert placement.is_resident(torch.cat([a, b]))  # results of NPU inputs
+        assert placement.is_resident(a.to(torch.bfloat16))
+
+
+def test_an_npu_device_object_stays_recognisable_and_a_context_allocates_on_it():
+    with placement.audit():
+        dev = torch.device("npu")
+        assert dev == placement.NPU_MARK
+        assert placement.is_resident(torch.zeros(3, device=dev))
+        with torch.device("npu"):
+            assert placement.is_resident(torch.empty(3))
+        assert placement.is_resident(torch.zeros(3, device=0))
+        assert placement.is_host(torch.zeros(3)) and placement.is_host(torch.zeros(3, device="cpu"))
+        # a device read from a tensor: not judged (Tensor.device answers cpu for every tensor on the simulator)
+        t = torch.zeros(3, device=torch.device("cpu"))
+        assert not placement.is_host(t) and not placement.is_resident(t)
+        torch.add(torch.ones(3, device="npu"), t)
+    assert torch.device("npu") == torch.device("cpu")  # outside the audit: the plain mapping
+
+
+def test_outside_the_audit_nothing_is_checked_and_audits_do_not_nest():
+    torch_npu._npu_reshape_and_cache(**_cache_args(lambda name: "cpu"))
+    torch.add(torch.ones(2, device="npu"), torch.ones(2))
+    host = torch.ones(2)
+    assert host.to("npu") is host  # the simulator's plain mapping: the same memory
+    with placement.audit():
+        with pytest.raises(RuntimeError, match="do not nest"):
+            with placement.audit():
+                pass
+        errors = []
+
+        def other_thread():
+            try:  # another thread is not audited
+                device.enter_device_mapping()  # (every allocating thread maps the NPU; docs/simulator.md §2)
+                torch.add(torch.ones(2, device="npu"), torch.ones(2))
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        th = threading.Thread(target=other_thread)
+        th.start()
+        th.join()
+        assert errors == []
+    assert not placement.active()
+
+
+def test_an_operator_result_is_npu_memory():
+    with placement.audit():
+        x = torch.randn(4, 16, device="npu")
+        y = torch_npu.npu_swiglu(x)
+        assert placement.is_resident(y)
+        torch.add(y, torch.ones(4, 8, device="npu"))
+
+
+def test_the_harness_bring_up_leaves_a_real_torch_npu_alone(tmp_path):
+    """On an Ascend host (a real ``torch_npu`` importable), the harnesses neither install the simulator nor ask for it
+    in children, and vLLM's device group uses HCCL (``vllm_setup.distributed_backend``); here a directory holding a
+    ``torch_npu`` package stands for the real one."""
+    fake = tmp_path / "site" / "torch_npu"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    code = textwrap.dedent("""
+        import os, sys
+        from gptoss_patch.testing import npu_sim, vllm_setup
+        vllm_setup._prepare_process()
+        print(npu_sim.real_npu_host(), npu_sim.is_installed(), vllm_setup.distributed_backend(),
+              os.environ.get("GPTOSS_PATCH_SIMULATE_NPU"))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "GPTOSS_PATCH_SIMULATE_NPU"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), *sys.path])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "False", "hccl", "None"]
+    env["PYTHONPATH"] = os.pathsep.join(sys.path)  # no torch_npu: the simulator, gloo
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["False", "True", "gloo", "1"]
