@@ -135,6 +135,85 @@ def test_an_operator_result_is_npu_memory():
         torch.add(y, torch.ones(4, 8, device="npu"))
 
 
+def test_tensors_inside_list_arguments_are_checked():
+    """``npu_grouped_matmul`` takes its tensors in lists (``x=[...]``, ``weight=[...]``)."""
+    with placement.audit():
+        x, w = torch.randn(4, 8, device="npu"), torch.randn(3, 8, 5, device="npu")
+        group_list = torch.tensor([1, 2, 1], device="npu")
+        y = torch_npu.npu_grouped_matmul([x], [w], group_list=group_list, split_item=3, group_type=0,
+                                         group_list_type=1)[0]
+        assert placement.is_resident(y) and y.shape == (4, 5)
+        with pytest.raises(PlacementError, match=r"npu_grouped_matmul: weight \(3, 8, 5\) float32 is in host memory"):
+            torch_npu.npu_grouped_matmul([x], [w.cpu()], group_list=group_list, split_item=3, group_type=0,
+                                         group_list_type=1)
+
+
+def test_conversions_keep_or_move_the_placement_as_asked():
+    with placement.audit():
+        r = torch.ones(4, device="npu")
+        assert placement.is_resident(r.to("npu", torch.float16))  # on the NPU already: a dtype conversion there
+        assert placement.is_resident(r.to(device="npu", dtype=torch.float64, copy=True))
+        assert placement.is_host(r.to("cpu", torch.float64)) and placement.is_host(r.to(torch.ones(1)))
+        assert placement.is_resident(torch.ones(2).to(r))  # .to(other): other's placement
+        h = torch.ones(4)
+        moved = torch.as_tensor(h, device="npu")  # a move is a copy; the host tensor stays host
+        assert placement.is_resident(moved) and placement.is_host(h) and moved.data_ptr() != h.data_ptr()
+        assert placement.is_host(torch.zeros_like(r, device="cpu"))  # an explicit host device wins over the input
+        assert r.device == placement.NPU_MARK and h.device == torch.device("cpu")  # Tensor.device tells them apart
+        assert placement.is_resident(torch.empty(2, device=r.device))
+        h.copy_(r)  # in place: the destination keeps its placement
+        assert placement.is_host(h)
+        with pytest.raises(PlacementError):  # a 0-dim NPU tensor is no scalar for host memory
+            torch.ones(3) * torch.tensor(2.0, device="npu")
+
+
+def test_moving_a_module_and_rebinding_parameter_memory():
+    with placement.audit():
+        lin = torch.nn.Linear(4, 4)
+        assert placement.is_host(lin.weight)
+        lin.to("npu")
+        assert placement.is_resident(lin.weight) and placement.is_resident(lin.bias)
+        lin(torch.ones(2, 4, device="npu"))
+        with pytest.raises(PlacementError, match=r"linear: .*host: \(2, 4\) float32"):
+            lin(torch.ones(2, 4))
+        p = torch.nn.Parameter(torch.zeros(4))
+        p.data = torch.ones(4, device="npu")  # allowed, as in PyTorch; the parameter is now NPU memory
+        assert placement.is_resident(p)
+
+
+def test_vllm_ascend_kernels_take_npu_tensors():
+    """``torch.ops._C_ascend`` (vllm-ascend's compiled kernels; the simulator's registrations, ops/moe.py)."""
+    from gptoss_patch.testing.npu_sim.ops import moe
+
+    moe.register_c_ascend_ops()
+    with placement.audit():
+        y, idx, _ = torch.ops._C_ascend.moe_gating_top_k(torch.randn(4, 8, device="npu"), 2, 1, 1, 0, 0, 0, False,
+                                                         1.0, 1e-20)
+        assert placement.is_resident(y) and placement.is_resident(idx)
+        with pytest.raises(PlacementError, match=r"_C_ascend\.moe_gating_top_k: argument 0 \(4, 8\) float32 is in host"):
+            torch.ops._C_ascend.moe_gating_top_k(torch.randn(4, 8), 2, 1, 1, 0, 0, 0, False, 1.0, 1e-20)
+
+
+def test_audits_in_a_row_forget_what_they_saw_and_freed_memory_is_forgotten():
+    """What an earlier audit registered is not judged by the next (a tensor cached across runs, like the causal mask
+    template of kernels/attention.py, is neither host nor NPU memory then); nothing is kept alive."""
+    import gc
+
+    with placement.audit():
+        cached = torch.ones(4, device="npu")
+        host = torch.ones(4)
+        gone = torch.ones(8, device="npu")
+        ptr = gone.untyped_storage().data_ptr()
+        del gone
+        gc.collect()
+        assert ptr not in placement._place  # freed memory leaves the registry
+    assert placement._place == {}
+    with placement.audit():
+        assert placement.placement_of(cached) is None and placement.placement_of(host) is None
+        torch.add(cached, torch.ones(4, device="npu"))  # not judged: no error
+        torch_npu.npu_swiglu(torch.cat([cached, cached]).view(2, 4))
+
+
 def test_the_harness_bring_up_leaves_a_real_torch_npu_alone(tmp_path):
     """On an Ascend host (a real ``torch_npu`` importable), the harnesses neither install the simulator nor ask for it
     in children, and vLLM's device group uses HCCL (``vllm_setup.distributed_backend``); here a directory holding a

@@ -314,11 +314,13 @@ class NPUOnCPU(TorchFunctionMode):
 
                 return integer_histc(*args, **kwargs)
         dev = kwargs.get("device")
+        # the host stands for the NPU (placement.NPU_MARK while auditing placement: still recognisable downstream)
+        host = placement.NPU_MARK if placement.active() else "cpu"
         # an int device is an index of the accelerator (torch.npu.current_device() returns one)
         if dev is not None and (_is_npu(dev) or (isinstance(dev, int) and not isinstance(dev, bool))):
-            kwargs = dict(kwargs, device="cpu")
+            kwargs = dict(kwargs, device=host)
         if any(_is_npu(a) for a in args):
-            args = tuple("cpu" if _is_npu(a) else a for a in args)
+            args = tuple(host if _is_npu(a) else a for a in args)
         return func(*args, **kwargs)
 
 

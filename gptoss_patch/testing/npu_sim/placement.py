@@ -11,33 +11,38 @@ simulator - the self-test's harnesses most of all - could therefore be wrong abo
 Under :func:`audit` (one thread at a time; the self-test runs its cases under it on the simulator), the simulator
 keeps the distinction PyTorch keeps on a device (docs/simulator.md §4.1):
 
-* **Resident memory.** A storage is *resident* (NPU memory) when it was allocated by a call that asked for the NPU
-  (``device="npu"``, ``"npu:0"``, an integer device, ``torch.device("npu")`` - which the simulator hands out as
-  ``torch.device("cpu", 0)``, :data:`NPU_MARK`, while auditing, so that it stays recognisable after code stores it -,
-  the ``with torch.device("npu"):`` context, ``Tensor.to("npu")``, ``Tensor.npu()``), produced by an operation with
-  a resident input, or returned by an emulated operator. Views share their base's storage and placement.
-* **Host memory.** Allocated with no device or with ``"cpu"``; ``.cpu()`` / ``.to("cpu")`` of a resident tensor
-  returns a new host copy (host and device memory are different memory on the device; on the CPU the same call
-  would return the tensor itself), and ``.to("npu")`` / ``.npu()`` of a host tensor a new resident one.
-* **Not judged.** Allocated with a ``torch.device("cpu")`` *object*: ``Tensor.device`` is not a torch function, so on
-  the simulator it answers ``cpu`` for every tensor, and ``torch.empty(n, device=t.device)`` may stand for the NPU.
-* **Checks.** (1) An operation taking host and resident tensors together (0-dim host tensors count as scalars)
-  raises :class:`PlacementError` naming the operation; ``copy_``, ``to``, indexing and ``__setitem__`` are allowed
-  (transfers, host index tensors). (2) An emulated ``torch_npu`` operator (:func:`check_operator`, called by
-  ``graph.route``'s dispatch) requires every tensor argument to be resident, except those it reads on the host at
-  launch (``graph.HOST_PARAMS``: FIA's length lists, the ATB operators' ``seq_len`` / ``context_lens``, which
-  vllm-ascend passes as host tensors; docs/operators.md §3.7). The operator's own computation (the device kernel) is
-  not audited.
+* **NPU memory.** A storage is NPU memory when it was allocated by a call that asked for the NPU (``device="npu"``,
+  ``"npu:0"``, an integer device, ``torch.device("npu")`` - which the simulator hands out as ``torch.device("cpu",
+  0)``, :data:`NPU_MARK`, while auditing, so that it stays recognisable after code stores it -, the ``with
+  torch.device("npu"):`` context, ``Tensor.to("npu")``, ``Module.to("npu")``, ``Tensor.npu()``), produced by an
+  operation with an NPU input and no other device asked, or returned by an emulated operator. Views share their
+  base's storage and placement. ``Tensor.device`` of NPU memory answers :data:`NPU_MARK` during the audit, so
+  ``torch.empty(n, device=t.device)`` and ``x.to(t.device)`` follow ``t`` as on the device.
+* **Host memory.** Allocated with no device or ``"cpu"`` (the string), or produced from host inputs only. Moving
+  between the two is a copy, as on the device (on the CPU the same call would return the tensor itself):
+  ``.cpu()`` / ``.to("cpu")`` of NPU memory and ``.to("npu")`` / ``.npu()`` / ``torch.as_tensor(h, device="npu")`` of
+  host memory return new memory.
+* **Not judged.** Tensors made before the audit began, and allocations given a ``torch.device("cpu")`` object (it may
+  have been made for the NPU before the audit, when the simulator hands out plain host devices).
+* **Checks.** (1) An operation taking host and NPU tensors together raises :class:`PlacementError` naming the
+  operation; a 0-dim *host* tensor takes part as a scalar (TensorIterator's rule; a 0-dim NPU tensor does not
+  legalise host memory); ``copy_``, ``to``, indexing, ``__setitem__`` and ``p.data = x`` are allowed (transfers,
+  host index tensors, rebinding a parameter). (2) An emulated ``torch_npu`` operator (:func:`check_operator`,
+  called by ``graph.route``'s dispatch) and vllm-ascend's kernels (``torch.ops._C_ascend``) refuse a tensor argument
+  in host memory (also inside list arguments), except the arguments an operator reads on the host at launch
+  (``graph.HOST_PARAMS``: FIA's length lists, the ATB operators' ``seq_len`` / ``context_lens``, which vllm-ascend
+  passes as host tensors; docs/operators.md §3.7). The operator's own computation (the device kernel) is not audited.
 
-What it cannot see: tensors made before the audit began count as host memory (build what you audit inside it), an
-operation run in another thread is not checked, and "not judged" memory is never flagged. Memory registered under the
-audit is kept alive until the audit ends, so that a freed address is never mistaken for another tensor's.
+What it cannot see: "not judged" memory is never flagged, and an operation run in another thread is not checked. The
+registry holds weak references only (a storage leaves it when freed, so a reused address is never mistaken for an
+earlier tensor's); an audit forgets everything when it ends.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from typing import Any, Callable, Iterator
 
 import torch
@@ -48,23 +53,33 @@ class PlacementError(RuntimeError):
     """A tensor in host memory where the NPU needs device memory (or the two mixed in one operation)."""
 
 
-#: What ``torch.device("npu")`` becomes while auditing: the host device with index 0 - a value no host code asks for
-#: (host code writes ``"cpu"``), so an NPU request stays recognisable after it was stored in ``self.device``.
+#: What an NPU device becomes while auditing: the host device with index 0 - a value no host code asks for (host code
+#: writes ``"cpu"``), so an NPU request stays recognisable after it was stored (``self.device``) or read back
+#: (``Tensor.device`` of NPU memory). Code that writes ``"cpu:0"`` itself would be read as asking for the NPU.
 NPU_MARK = torch.device("cpu", 0)
 
+NPU, HOST = "npu", "host"
+
 _lock = threading.Lock()
-_owner: int | None = None                 # thread id of the audit in progress
-_resident: dict[int, Any] = {}            # storage data_ptr -> the storage (kept alive)
-_unknown: dict[int, Any] = {}             # allocated on a device read from a tensor (``t.device``): not judged
-
-#: Operations allowed to take host and resident tensors together: transfers, and indexing by host index tensors.
-_MIXING_ALLOWED = frozenset({
-    torch.Tensor.copy_, torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.to, torch.Tensor.cpu,
-    torch.Tensor.index_put_, torch.Tensor.set_, torch.Tensor.new_tensor,
-})
-
-
+_owner: int | None = None   # thread id of the audit in progress
+#: storage data_ptr -> (NPU or HOST, weak reference to the storage). An entry leaves when its storage is freed
+#: (storages keep their Python object for life, so the weak reference dies with the memory): no address is
+#: mistaken for an earlier tensor's, and nothing is kept alive.
+_place: dict[int, tuple[str, Any]] = {}
 _tls = threading.local()
+_base_device = torch._C.TensorBase.device  # the C getter of Tensor.device (shadowed on torch.Tensor while auditing)
+
+
+def _names(*funcs: Any) -> frozenset:
+    return frozenset(funcs)
+
+
+#: Operations allowed to take host and NPU tensors together: transfers, indexing by host index tensors, rebinding a
+#: parameter's memory (``p.data = x``, PyTorch's shallow-copy check of ``Module._apply``).
+_MIXING_ALLOWED = _names(torch.Tensor.copy_, torch.Tensor.__getitem__, torch.Tensor.__setitem__, torch.Tensor.to,
+                         torch.Tensor.cpu, torch.Tensor.index_put_, torch.Tensor.set_, torch.Tensor.new_tensor,
+                         torch._has_compatible_shallow_copy_type)
+_DATA_SET = torch._C.TensorBase.data.__set__
 
 
 def active() -> bool:
@@ -84,15 +99,17 @@ def suspended() -> Iterator[None]:
         _tls.suspended = prev
 
 
-def mark_resident(obj: Any) -> None:
-    """Register every tensor in ``obj`` (nested containers too) as NPU memory under the current audit."""
-    if _owner is not None:
-        _mark(obj, _resident)
+def _device_getter(self: torch.Tensor) -> torch.device:
+    d = _base_device.__get__(self)
+    if active() and d.type == "cpu" and placement_of(self) == NPU:
+        return NPU_MARK
+    return d
 
 
 @contextlib.contextmanager
 def audit() -> Iterator[None]:
-    """Context manager: audit placement in the calling thread (see the module docstring).
+    """Context manager: audit placement in the calling thread (see the module docstring). While it runs,
+    ``Tensor.device`` of NPU memory answers :data:`NPU_MARK` in that thread (other tensors and threads: unchanged).
 
     Raises:
         RuntimeError: an audit is already in progress (in any thread; audits do not nest).
@@ -103,42 +120,52 @@ def audit() -> Iterator[None]:
         if _owner is not None:
             raise RuntimeError("a placement audit is already in progress; audits do not nest")
         _owner = threading.get_ident()
+        _place.clear()
+        own = torch.Tensor.__dict__.get("device")  # None: torch.Tensor inherits TensorBase's getter
+        torch.Tensor.device = property(_device_getter, doc=_base_device.__doc__)  # type: ignore[misc,assignment]
     try:
         yield
     finally:
         with _lock:
+            if own is None:
+                del torch.Tensor.device
+            else:
+                torch.Tensor.device = own  # type: ignore[misc]
             _owner = None
-            _resident.clear()
-            _unknown.clear()
+            _place.clear()
 
 
-def _key(t: torch.Tensor) -> int | None:
+def placement_of(t: torch.Tensor) -> str | None:
+    """``NPU``, ``HOST``, or None (not judged: made before the audit, on a device the audit cannot read, or
+    empty) for ``t`` under the current audit."""
+    if not t.numel():
+        return None
     try:
-        return t.untyped_storage().data_ptr()
+        k = t.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError, TypeError):
         return None
+    entry = _place.get(k)
+    return entry[0] if entry is not None else None
 
 
 def is_resident(t: torch.Tensor) -> bool:
-    """True when ``t`` lives in (simulated) NPU memory under the current audit; empty tensors count as resident
-    (they have no memory to be anywhere)."""
-    if t.numel() == 0:
-        return True
-    k = _key(t)
-    return k is not None and k in _resident
+    """True when ``t`` is known to live in (simulated) NPU memory under the current audit."""
+    return placement_of(t) == NPU
 
 
 def is_host(t: torch.Tensor) -> bool:
-    """True when ``t`` is known to live in host memory under the current audit: neither resident nor allocated on
-    a device read from another tensor (which the audit cannot place, see the module docstring)."""
-    if t.numel() == 0:
-        return False
-    k = _key(t)
-    return k is not None and k not in _resident and k not in _unknown
+    """True when ``t`` is known to live in host memory under the current audit (see :func:`placement_of`)."""
+    return placement_of(t) == HOST
 
 
-def _mark(obj: Any, where: dict[int, Any] | None) -> None:
-    if where is None:
+def _forget(key: int, ref: Any) -> None:
+    entry = _place.get(key)
+    if entry is not None and entry[1] is ref:
+        _place.pop(key, None)
+
+
+def _mark(obj: Any, kind: str | None) -> None:
+    if kind is None:
         return
     for t in tree_leaves(obj):
         if isinstance(t, torch.Tensor) and t.numel():
@@ -147,16 +174,21 @@ def _mark(obj: Any, where: dict[int, Any] | None) -> None:
             except (RuntimeError, NotImplementedError, TypeError):
                 continue
             k = s.data_ptr()
-            if where is _resident:
-                _unknown.pop(k, None)
-            elif k in _resident:
+            if not k:
                 continue
-            where[k] = s
+            ref = weakref.ref(s, lambda r, k=k: _forget(k, r))
+            _place[k] = (kind, ref)
+
+
+def mark_resident(obj: Any) -> None:
+    """Register every tensor in ``obj`` (nested containers too) as NPU memory under the current audit."""
+    if _owner is not None:
+        _mark(obj, NPU)
 
 
 def is_npu_request(d: Any) -> bool:
     """True when ``d`` (a device argument) names the NPU: ``"npu"``/``"npu:N"``, a ``torch.device`` of type npu,
-    :data:`NPU_MARK`, or an integer (an index of the accelerator)."""
+    :data:`NPU_MARK` (``"cpu:0"``), or an integer (an index of the accelerator)."""
     if isinstance(d, torch.device):
         return d.type == "npu" or (d.type == "cpu" and d.index == 0)
     if isinstance(d, str):
@@ -164,10 +196,15 @@ def is_npu_request(d: Any) -> bool:
     return isinstance(d, int) and not isinstance(d, bool)
 
 
-def _is_unknown_request(d: Any) -> bool:
-    """A ``torch.device("cpu")`` object: on the simulator what every ``Tensor.device`` answers (``Tensor.device`` is
-    not a torch function), so it may stand for the NPU; host code names the host ``"cpu"``."""
-    return isinstance(d, torch.device) and d.type == "cpu" and d.index is None
+def _request(d: Any) -> str | None:
+    """What a device argument asks for: NPU, HOST (the string ``"cpu"``), or None - not judged: a
+    ``torch.device("cpu")`` object, which may have been made before the audit for the NPU (the simulator hands out
+    ``torch.device("npu")`` as the host device outside an audit)."""
+    if is_npu_request(d):
+        return NPU
+    if isinstance(d, str) and d == "cpu":
+        return HOST
+    return None
 
 
 def _to_target(args: tuple, kwargs: dict) -> Any:
@@ -184,77 +221,110 @@ def _describe(t: torch.Tensor) -> str:
     return f"{tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
 
 
+def _op_name(func: Any) -> str:
+    name = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    return name.replace("_VariableFunctionsClass.", "torch.").replace("TensorBase.", "Tensor.")
+
+
 def _check_mixing(func: Callable, args: tuple, kwargs: dict) -> None:
-    if func in _MIXING_ALLOWED:
+    if func in _MIXING_ALLOWED or func == _DATA_SET:
         return
-    tensors = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.dim() and t.numel()]
-    if len(tensors) < 2:
-        return
-    host = [t for t in tensors if is_host(t)]
-    if host and any(is_resident(t) for t in tensors):
-        name = (getattr(func, "__qualname__", None) or getattr(func, "__name__", repr(func)))
-        name = name.replace("_VariableFunctionsClass.", "torch.").replace("TensorBase.", "Tensor.")
-        raise PlacementError(f"{name}: tensors in NPU memory and in host memory in one operation (host: "
+    placed = [(t, placement_of(t)) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+    # a 0-dim host tensor takes part as a scalar (TensorIterator); a 0-dim NPU tensor does not make host memory legal
+    host = [t for t, p in placed if p == HOST and t.dim()]
+    if host and any(p == NPU for _, p in placed):
+        raise PlacementError(f"{_op_name(func)}: tensors in NPU memory and in host memory in one operation (host: "
                              f"{', '.join(_describe(t) for t in host)}); a real NPU raises 'Expected all tensors to be "
                              "on the same device' - move the host tensor to the NPU first")
+
+
+def _shares(out: Any, t: torch.Tensor) -> bool:
+    return (isinstance(out, torch.Tensor) and out.numel() > 0 and t.numel() > 0
+            and out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr())
+
+
+def _transfer(func: Callable, args: tuple, kwargs: dict, call: Callable[[tuple, dict], Any]) -> Any:
+    """``Tensor.to`` / ``Tensor.cpu``: a move between host and NPU memory is a copy (new memory, as on the device)."""
+    src = args[0]
+    target = "cpu" if func is torch.Tensor.cpu else _to_target(args, kwargs)
+    if isinstance(target, torch.Tensor):
+        want = placement_of(target)
+    elif isinstance(target, int) and not isinstance(target, bool):
+        want = NPU
+    else:
+        want = _request(target) if target is not None else None
+    out = call(args, kwargs)
+    if not isinstance(out, torch.Tensor):
+        return out
+    have = placement_of(src)
+    if want is None or want == have:  # no device change (a dtype conversion, or already there)
+        if not _shares(out, src):
+            _mark(out, have)
+        return out
+    if _shares(out, src):
+        out = out.clone()
+    _mark(out, want)
+    return out
+
+
+def _is_c_ascend(func: Any) -> bool:
+    """True for ``torch.ops._C_ascend.<op>`` (an ``OpOverloadPacket`` or ``OpOverload``)."""
+    qualified = getattr(func, "_qualified_op_name", None) or getattr(getattr(func, "_schema", None), "name", "")
+    return (getattr(func, "namespace", None) or str(qualified).partition("::")[0]) == "_C_ascend"
 
 
 def handle(func: Callable, args: tuple, kwargs: dict, call: Callable[[tuple, dict], Any]) -> Any:
     """Run one torch function under the audit (called by ``device.NPUOnCPU`` before it maps devices to the host).
 
-    ``call(args, kwargs)`` runs ``func`` with the simulator's device mapping; this decides residency around it.
+    ``call(args, kwargs)`` runs ``func`` with the simulator's device mapping; this decides placement around it.
 
     Raises:
-        PlacementError: the call mixes resident and host tensors (see the module docstring).
+        PlacementError: the call mixes host and NPU tensors, or hands a vllm-ascend kernel (``torch.ops._C_ascend``)
+            host memory (see the module docstring).
     """
     if func is torch.Tensor.to or func is torch.Tensor.cpu:
-        src = args[0]
-        target = "cpu" if func is torch.Tensor.cpu else _to_target(args, kwargs)
-        if isinstance(target, torch.Tensor):
-            target = NPU_MARK if is_resident(target) else ("cpu" if is_host(target) else torch.device("cpu"))
-        out = call(args, kwargs)
-        if not isinstance(out, torch.Tensor):
-            return out
-        same = bool(out.numel()) and _key(out) == _key(src)
-        if target is None or _is_unknown_request(target):  # dtype only, or a device read from a tensor: as is
-            if not same:
-                _mark(out, _resident if is_resident(src) else _unknown if not is_host(src) else None)
-            return out
-        if is_npu_request(target):
-            if not is_resident(src):
-                out = out.clone() if same else out
-                _mark(out, _resident)
-            return out
-        if is_resident(src) and same:  # "cpu" / .cpu(): a host copy, new unregistered memory
-            return out.clone()
-        return out
-    _check_mixing(func, args, kwargs)
-    device_arg = kwargs.get("device")
+        return _transfer(func, args, kwargs, call)
+    if _is_c_ascend(func):  # vllm-ascend's compiled kernels take NPU tensors, like torch_npu's operators
+        for i, t in enumerate(tree_leaves((args, kwargs))):
+            if isinstance(t, torch.Tensor) and is_host(t):
+                raise PlacementError(f"{func}: argument {i} {_describe(t)} is in host memory; vllm-ascend's "
+                                     "kernel takes NPU tensors - place it with .to('npu')")
+    else:
+        _check_mixing(func, args, kwargs)
+    device = kwargs.get("device")
     out = call(args, kwargs)
     name = getattr(func, "__name__", "")
-    if (name.endswith("_") and not name.endswith("__")) or "out" in kwargs:
-        return out  # in place / out=: the destination keeps its placement
-    leaves = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.numel()]
-    if (device_arg is not None and is_npu_request(device_arg)) or any(is_resident(t) for t in leaves):
-        _mark(out, _resident)
-    elif (device_arg is not None and _is_unknown_request(device_arg)) or any(not is_host(t) for t in leaves):
-        _mark(out, _unknown)
+    if (name.endswith("_") and not name.endswith("__")) or "out" in kwargs or func == _DATA_SET:
+        return out  # in place / out= / p.data = x: the destination's memory keeps (or takes) its placement
+    inputs = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor) and t.numel()]
+    if device is None:  # the inputs decide: NPU if any is there, host if all are known to be on the host
+        kinds = {placement_of(t) for t in inputs}
+        want = NPU if NPU in kinds else (None if None in kinds else HOST)
+    else:
+        want = _request(device)
+    if want is not None:
+        # torch.as_tensor(x, device=...) and friends return x itself when it is already there: a move is a copy
+        for t in inputs:
+            if _shares(out, t) and placement_of(t) not in (None, want):
+                out = out.clone()
+                break
+    _mark(out, want)
     return out
 
 
 def npu_copy(t: torch.Tensor) -> torch.Tensor:
-    """``Tensor.npu()`` under the audit: ``t`` itself when resident, else a resident copy."""
+    """``Tensor.npu()`` under the audit: ``t`` itself when in NPU memory, else an NPU copy."""
     if is_resident(t):
         return t
     out = t.clone()
-    _mark(out, _resident)
+    _mark(out, NPU)
     return out
 
 
 def check_operator(name: str, positional: tuple[str, ...], host_params: tuple[str, ...], args: tuple,
                    kwargs: dict) -> None:
-    """Check the tensor arguments of an emulated ``torch_npu`` operator call under the audit: every tensor (also
-    inside list arguments) must be resident, except the arguments in ``host_params`` (read on the host at launch).
+    """Check the tensor arguments of an emulated ``torch_npu`` operator call under the audit: no tensor (also inside
+    list arguments) may be in host memory, except the arguments in ``host_params`` (read on the host at launch).
 
     Args:
         name: operator name (``torch_npu.<name>`` in the message); positional: its positional parameter names.
