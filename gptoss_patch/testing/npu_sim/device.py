@@ -272,7 +272,7 @@ def _is_npu(d: Any) -> bool:
     return False
 
 
-_mode = None
+_mode = None  # the mapping mode of the first thread that entered it; each thread's own: current_mapping()
 _PIN_MEMORY = None
 _DEVICE = None  # torch.device, bound by enter_device_mapping
 _HISTC: tuple = (None, None)  # torch.histc, Tensor.histc; bound by enter_device_mapping (integers: ops.misc.integer_histc)
@@ -324,6 +324,11 @@ class NPUOnCPU(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def current_mapping() -> "NPUOnCPU | None":
+    """The device-mapping mode this thread entered (None: it has not called :func:`enter_device_mapping`)."""
+    return getattr(_state, "mode", None)
+
+
 def enter_device_mapping() -> None:
     """Map every NPU device request to the CPU, for the current thread (idempotent).
 
@@ -343,9 +348,12 @@ def enter_device_mapping() -> None:
 
     if getattr(_state, "mapped", False):
         return
-    _mode = NPUOnCPU()
-    _mode.__enter__()
+    mode = NPUOnCPU()
+    mode.__enter__()
     _state.mapped = True
+    _state.mode = mode
+    if _mode is None:  # the first thread's (the main thread's, as the simulator is installed there)
+        _mode = mode
     if not hasattr(torch.Tensor, "npu") or not getattr(torch.Tensor.npu, "_gptoss_sim", False):
         def npu(self, device=None, non_blocking=False, memory_format=None):
             """``Tensor.npu()``: the simulated device shares host memory, so the tensor itself (under the placement

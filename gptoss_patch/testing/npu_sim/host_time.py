@@ -124,7 +124,7 @@ def host_time_only() -> Iterator[None]:
 
     from gptoss_patch.testing.npu_sim import device
 
-    mapping = device._mode
+    mapping = device.current_mapping()  # this thread's (another thread entering the mapping has its own)
     stack = _get_current_function_mode_stack()
     if mapping is not None and mapping in stack and stack[-1] is not mapping:
         raise RuntimeError("host_time_only(): another torch function mode is active above the simulator's device "
