@@ -6,7 +6,8 @@
   conflict with each other and with the CPU build), the packages they need at import time, and
   gptoss-patch installed from this checkout as a wheel (so its ``.pth`` is the real one) into a venv of this run
   only, layered over the cached one (:func:`overlay_venv`), then runs the cell's test paths (``CELLS[release]["tests"]``) with ``GPTOSS_CELL=<release>``.
-* ``nox -s demo`` is the main job: ``python -m gptoss_patch.verify --simulate`` in the 0.11.0 cell.
+* ``nox -s demo`` is the main job: ``vllm serve`` on the simulated NPU through patched vllm-ascend 0.11.0, tokens
+  compared with transformers (``python -m gptoss_patch_testkit.jobs.serve_job``).
 
 Virtual environments are cached between runs on the same machine under
 ``$GPTOSS_PATCH_VENV_CACHE`` (default ``~/.cache/gptoss-patch/venvs``), keyed by a hash of
@@ -46,7 +47,7 @@ TORCH = "torch==2.13.0"
 #: What the tests themselves need.
 #: pytest < 9.2: with pytest 9.2's structured node IDs pytest-xdist 3.8's ``--dist loadgroup`` silently stops grouping
 #: (pytest-dev/pytest-xdist#1386, open; reproduced here: ``xdist_group`` tests spread over both workers), and the cells
-#: rely on it to run the shared ``verify --simulate`` once (tests/cell/conftest.py ``verify_simulate``).
+#: rely on it to run the shared simulated ``verify`` once (tests/cell/conftest.py ``verify_simulate``).
 TEST_DEPS = ["pytest>=8,<9.2", "hypothesis>=6.100", "pytest-benchmark>=4", "pytest-xdist>=3.5"]
 
 #: Reference and checkpoint tooling (transformers is the numerical oracle).
@@ -69,7 +70,7 @@ VLLM_011_IMPORT_DEPS = [
 #: vllm.v1.worker.utils; pins from vllm 0.15.0's METADATA). xgrammar (same import chain) goes in ``no_deps``: its
 #: wheel requires triton, which would make vLLM's HAS_TRITON true and switch vllm-ascend onto Triton code paths.
 #: Not installable here: torchvision (no release imports beside the CPU torch 2.13.0 - see
-#: gptoss_patch/testing/native_015.py for the worker patches that cannot load without it). numba is in
+#: gptoss_patch/selftest/native.py for the worker patches that cannot load without it). numba is in
 #: SERVE_DEPS (all cells).
 VLLM_015_IMPORT_DEPS = [
     *[d for d in VLLM_011_IMPORT_DEPS
@@ -352,7 +353,10 @@ def overlay_venv(base_py: Path, src: Path, dest: Path) -> Path:
         if first.strip() in (shebang, shebang + "3"):
             target.write_text(f"#!{py}\n{rest}")
             target.chmod(0o755)
-    _pip(py, "--no-deps", "--reinstall", str(src))
+    # the product and, beside it, the testkit (simulator and test jobs: a second distribution, never in the wheel;
+    # a tree from before the house step - scripts/test_ids.py --rev - has none)
+    kit = [str(src / "testkit")] if (src / "testkit" / "pyproject.toml").is_file() else []
+    _pip(py, "--no-deps", "--reinstall", str(src), *kit)
     _pip(py, "wrapt>=1.16", "packaging>=23")
     return py
 
@@ -409,6 +413,12 @@ def _record(name: str, env_s: float, tests_s: float) -> None:
 #: gptoss-patch), warm = every venv of the run came from the cache; ``TOTAL_BUDGET``: the whole run. Sized from
 #: runs on CI's machine kind (2 cores, shared) with headroom; CI's hard limit is 90 min, the goal <= 35 min warm
 #: with 9 cells. Budgets live here only: no test asserts a duration.
+#:
+#: Measured (``bash .ci/run`` on a clean clone, CI's machine kind; the ``timings`` session prints these per run; the
+#: README no longer carries times). 2026-12-04, the house step (a6b2f2d): warm, 2152 s in all (35.9 min) - unit 149 s,
+#: cell-0.11.0 400 s, 0.12.0rc1 222 s, 0.13.0 252 s, 0.14.0rc1 277 s, 0.15.0rc1 158 s, 0.16.0rc1 158 s, 0.17.0rc1 172 s,
+#: 0.18.0 174 s, 0.19.1rc1 169 s, every environment 2 s (a `nox -s demo` ran beside it for 82 s). Cold on a new
+#: machine the same day (every venv built by uv, 27-58 s each): the builds add about 6 min.
 TEST_BUDGETS = {"unit": 600, "cell-0.11.0": 1500}
 DEFAULT_TEST_BUDGET = {"patched": 1200, "native": 700}
 ENV_BUDGET = {"warm": 90, "cold": 400}
@@ -553,9 +563,9 @@ def soak(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job: ``vllm serve`` with PIECEWISE ACL graphs through patched vllm-ascend 0.11.0 on the simulated NPU,
-    asked over HTTP, tokens compared with transformers, then ``verify --server`` (gptoss_patch/testing/serve_job.py)."""
+    asked over HTTP, tokens compared with transformers, then ``verify --server`` (testkit/gptoss_patch_testkit/jobs/serve_job.py)."""
     t0 = time.monotonic()
     py = cell_python(session, "0.11.0")
-    session.run(str(py), "-m", "gptoss_patch.testing.serve_job", *session.posargs, external=True,
+    session.run(str(py), "-m", "gptoss_patch_testkit.jobs.serve_job", *session.posargs, external=True,
                 env=_clean_env(**TEST_ENV))
     session.log(f"demo finished in {time.monotonic() - t0:.0f} s")

@@ -1,4 +1,4 @@
-"""Shared argparse helpers of the command-line tools (verify and the ops kit): range checks, the program name, parse.
+"""Shared argparse helpers of the command-line tools (verify and the operations kit): range checks, the program name, parse.
 
 The range checks (:func:`at_least`, :func:`positive_float`, :func:`int_list`) return argparse ``type=`` callables, so a
 value out of range is a usage error (exit 2) whose message names the one option that holds it (argparse: ``argument

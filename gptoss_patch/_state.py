@@ -1,7 +1,7 @@
 """What gptoss-patch decided and did in this process, and :func:`status` - the layer every other module may ask.
 
 :mod:`gptoss_patch._activation` writes this state (under :data:`lock`); the patches read it through :func:`status`
-(e.g. the active layout, :mod:`gptoss_patch.patches.graph_capture`). It imports neither the patches nor
+(e.g. the active layout, :mod:`gptoss_patch.patches.attention_graph.capture`). It imports neither the patches nor
 :mod:`gptoss_patch._activation`, so asking it never closes an import circle.
 """
 
@@ -23,7 +23,7 @@ decision: matrix.Decision | None = None
 versions: environment.Versions | None = None
 registry: Registry | None = None
 guard: Registry | None = None
-#: The MXFP4 checkpoint patches (gptoss_patch.patches.mxfp4), when the row has them.
+#: The MXFP4 checkpoint patches (gptoss_patch.patches.checkpoint_mxfp4), when the row has them.
 checkpoint: Registry | None = None
 
 
@@ -55,10 +55,10 @@ def status(drift: bool = True) -> Status:
             if p.state == APPLIED:
                 p.fingerprint, p.drift = drifts.describe(p.target)
     details = {"guard": f"{guard_state.state}: {guard_state.reason}" if guard_state else "not armed"}
-    # the vLLM-side checkpoint registry holds two capabilities' patches: mxfp4.* (checkpoint_mxfp4) and
-    # checkpoint.* (checkpoint_bf16: the expert-parallel range of vLLM 0.11.0)
-    for cap, prefix in (("checkpoint_mxfp4", "mxfp4."), ("checkpoint_bf16", "checkpoint.")):
-        states = {name: st for name, st in checkpoint_states.items() if name.startswith(prefix)}
+    # the vLLM-side checkpoint registry holds two capabilities' patches, each named after its capability:
+    # checkpoint_mxfp4.* and checkpoint_bf16.* (the expert-parallel range of vLLM 0.11.0)
+    for cap in ("checkpoint_mxfp4", "checkpoint_bf16"):
+        states = {name: st for name, st in checkpoint_states.items() if name.startswith(cap + ".")}
         if states:
             details[cap] = states
     kernels = sys.modules.get("gptoss_patch.kernels.attention")

@@ -1,6 +1,6 @@
 """Every ``GPTOSS_PATCH_*`` environment variable: its name, what it accepts, and the one parser for each kind.
 
-Standard library only (``os``), so the start-up hook (:mod:`gptoss_patch._bootstrap`) can use it. The README's
+Standard library only (``os``), so the start-up hand-over (:mod:`gptoss_patch._bootstrap`) can use it. The README's
 environment table is checked against :data:`VARIABLES` (``tests/unit/test_config.py``). Values are read when asked,
 not cached: tests and child processes change the environment.
 
@@ -24,14 +24,7 @@ ALLOW_UNPATCHED = "GPTOSS_PATCH_ALLOW_UNPATCHED"
 FORCE = "GPTOSS_PATCH_FORCE"
 ATTENTION_PATH = "GPTOSS_PATCH_ATTENTION_PATH"
 MOE_PAD = "GPTOSS_PATCH_MOE_PAD"
-SIMULATE_NPU = "GPTOSS_PATCH_SIMULATE_NPU"
-SIM_SOC_VERSION = "GPTOSS_PATCH_SIM_SOC_VERSION"
 CACHE_DIR = "GPTOSS_PATCH_CACHE_DIR"
-WHEEL_CACHE = "GPTOSS_PATCH_WHEEL_CACHE"
-VENV_CACHE = "GPTOSS_PATCH_VENV_CACHE"
-SIM_NPU_MEMORY = "GPTOSS_PATCH_SIM_NPU_MEMORY"
-SIM_FAULT = "GPTOSS_PATCH_SIM_FAULT"
-SIM_UNINITIALISED = "GPTOSS_PATCH_SIM_UNINITIALISED"
 
 
 @dataclass(frozen=True)
@@ -55,25 +48,28 @@ class Variable:
     readme: bool = True
 
 
-#: SoC version numbers the simulator can identify as (ACL numbers: 200-205 Atlas 310P, 220-225 Atlas A2, 250-255 Atlas A3).
-SOC_VERSIONS = tuple(str(n) for n in (*range(200, 206), *range(220, 226), *range(250, 256)))
-
 VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable(DISABLE, "bool"),
     Variable(ALLOW_UNPATCHED, "bool"),
     Variable(FORCE, "bool"),
     Variable(ATTENTION_PATH, "choice", ("v2", "lse")),
     Variable(MOE_PAD, "choice", ("auto", "always", "never"), default="auto"),
-    Variable(SIMULATE_NPU, "bool"),
-    Variable(SIM_SOC_VERSION, "soc", SOC_VERSIONS),
-    Variable(CACHE_DIR, "path", readme=False),      # gptoss_patch.ops.tokenizer / testing.main_job: prepared files
-    Variable(WHEEL_CACHE, "path", readme=False),    # gptoss_patch.testing.release_source: downloaded releases
-    Variable(VENV_CACHE, "path", readme=False),     # noxfile.py: the cached test environments
-    Variable(SIM_NPU_MEMORY, "bytes", default=str(8 << 30), readme=False),  # testing.npu_sim.runtime: capacity
-    Variable(SIM_FAULT, "names", ("band129", "drop_sink"), readme=False),  # testing.npu_sim.ops.attention: tests
-    # testing.npu_sim.ops.moe: what uninitialised MoE operator outputs hold (NaN, or the dtype's largest finite value)
-    Variable(SIM_UNINITIALISED, "choice", ("nan", "finite"), default="nan", readme=False),
+    Variable(CACHE_DIR, "path", readme=False),      # gptoss_patch.tools.tokenizer: prepared tokenizer files
 )}
+
+
+def register(*variables: Variable) -> None:
+    """Add another distribution's variables to :data:`VARIABLES`, so the parsers below serve them too
+    (gptoss-patch-testkit declares its simulator and cache variables this way: ``gptoss_patch_testkit.config``).
+
+    Raises:
+        ValueError: a name that is already declared with a different definition.
+    """
+    for var in variables:
+        known = VARIABLES.get(var.name)
+        if known is not None and known != var:
+            raise ValueError(f"{var.name} is already declared as {known}")
+        VARIABLES[var.name] = var
 
 
 def _raw(name: str, environ: Mapping[str, str] | None) -> str:
@@ -113,19 +109,6 @@ def choice(name: str, environ: Mapping[str, str] | None = None) -> str | None:
     return value
 
 
-def soc_version(environ: Mapping[str, str] | None = None) -> int | None:
-    """``GPTOSS_PATCH_SIM_SOC_VERSION`` as an int, or None when unset/empty.
-
-    Raises:
-        ValueError: not one of :data:`SOC_VERSIONS`.
-    """
-    raw = _raw(SIM_SOC_VERSION, environ).strip()
-    if not raw:
-        return None
-    if raw not in SOC_VERSIONS:
-        raise ValueError(f"{SIM_SOC_VERSION}={raw!r}: use one of {', '.join(SOC_VERSIONS)} "
-                         "(ACL SoC version numbers: 200-205 Atlas 310P, 220-225 Atlas A2, 250-255 Atlas A3)")
-    return int(raw)
 
 
 def path(name: str, default: str, environ: Mapping[str, str] | None = None) -> str:
@@ -169,10 +152,3 @@ def names(name: str, environ: Mapping[str, str] | None = None) -> frozenset:
         raise ValueError(f"{name}: unknown value(s) {unknown}; known: {list(var.choices)}")
     return found
 
-
-def simulate_npu(environ: Mapping[str, str] | None = None) -> bool:
-    """True when ``GPTOSS_PATCH_SIMULATE_NPU`` is on; a malformed value counts as off (for reports, never raises)."""
-    try:
-        return flag(SIMULATE_NPU, environ)
-    except ValueError:
-        return False

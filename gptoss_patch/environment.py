@@ -31,7 +31,9 @@ UNKNOWN = "unknown"
 class Versions:
     """Installed versions as strings; ``None`` = not installed; ``cann`` is ``"unknown"`` when absent.
 
-    ``simulated_npu`` is True when ``torch_npu`` is served by :mod:`gptoss_patch.testing.npu_sim`.
+    ``simulated_npu`` is True when the ``torch_npu`` present declares itself a simulator (``__gptoss_simulator__`` on
+    the imported module, or on the meta-path finder that will serve it: gptoss-patch-testkit's CPU simulator);
+    nothing is imported to find out.
     ``vllm`` is the vLLM version as vllm-ascend sees it: ``VLLM_VERSION`` when set (vllm-ascend's
     ``vllm_version_is`` reads that variable first, ``vllm_ascend/envs.py``), else the installed one, which
     ``vllm_installed`` always holds. ``duplicates`` maps a distribution installed more than once on
@@ -111,14 +113,13 @@ def installed_versions() -> Versions:
     """Collect :class:`Versions` for this interpreter without importing vllm, vllm-ascend or torch."""
     import sys
 
-    sim = False
+    # what the torch_npu present says it is: the imported module, or else a meta-path finder that will serve it
+    # (gptoss-patch-testkit's start-up finder answers while it serves the simulator); nothing is imported here
     mod = sys.modules.get("torch_npu")
-    if mod is not None and getattr(mod, "__gptoss_simulator__", False):
-        sim = True
+    if mod is not None:
+        sim = bool(getattr(mod, "__gptoss_simulator__", False))
     else:
-        from gptoss_patch import config
-
-        sim = config.simulate_npu()
+        sim = any(getattr(f, "__gptoss_simulator__", False) is True for f in sys.meta_path)
     installed = distribution_version("vllm")
     override = os.environ.get("VLLM_VERSION") or None
     return Versions(

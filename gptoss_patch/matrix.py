@@ -39,6 +39,8 @@ from packaging.version import InvalidVersion, Version
 APPLY = "apply"
 STAND_DOWN = "stand-down"
 REFUSE = "refuse"
+#: The decision when ``GPTOSS_PATCH_DISABLE=1``: nothing is patched, the guard stays armed.
+DISABLED = "disabled"
 
 # ---------------------------------------------------------------------------------------------
 # Where each patch target lives, per module-layout family (docs/upstream.md §2).
@@ -115,7 +117,7 @@ LAYOUTS: dict[str, dict[str, str]] = {
 #: ``locations`` are the ``module:qualname`` candidates (vLLM moved ``Attention`` from ``vllm.attention.layer``
 #: to ``vllm.model_executor.layers.attention.attention`` in 0.16.0); the first that exists is checked for
 #: ``parameters`` (``"**"``: accepts ``**kwargs``). A vLLM that is not a row's paired release is applied only when
-#: every entry passes, as for the vllm-ascend targets (:func:`gptoss_patch._activation._structural_check`).
+#: every entry passes, as for the vllm-ascend targets (:func:`gptoss_patch.pairing.structural_check`).
 VLLM_RELIED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # the guard's target; vllm_config is what refused_in_use reads
     "gpt_oss_model_init": (("vllm.model_executor.models.gpt_oss:GptOssForCausalLM.__init__",), ("vllm_config",)),
@@ -131,7 +133,7 @@ VLLM_RELIED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
                        ("per_layer_sliding_window", "**")),
 }
 
-#: Where the MXFP4 checkpoint patches (:mod:`gptoss_patch.patches.mxfp4`) hook: vLLM-side targets, the same in every
+#: Where the MXFP4 checkpoint patches (:mod:`gptoss_patch.patches.checkpoint_mxfp4`) hook: vLLM-side targets, the same in every
 #: vLLM paired with a row whose ``checkpoint_mxfp4`` capability is *patched* (vLLM 0.11.0 ... 0.19.1, read from each
 #: release's ``vllm/config/model.py`` and ``vllm/model_executor/models/gpt_oss.py``; docs/upstream.md). They are
 #: registered on *apply* and *stand-down* rows alike, whatever the row's layout.
@@ -146,42 +148,42 @@ LAYOUT_PATCHES: dict[str, tuple[str, ...]] = {
     "B": (
         "attention.keep_sinks",
         "attention.sink_window_forward",
-        "rope.yarn_truncate",
+        "yarn.truncate",
         "moe.unquant_apply",
         "moe.fused_experts",
         "moe.apply_mlp",
-        "aclgraph.update_attn_params",
-        "weights.pad_moe_intermediate",
+        "attention_graph.update_attn_params",
+        "nz_padding.pad_moe_intermediate",
     ),
     "C": (
         "attention.keep_sinks",
         "attention.sink_window_forward_impl",
-        "rope.yarn_truncate",
+        "yarn.truncate",
         "moe.unquant_apply",
         "moe.fused_experts",
         "moe.apply_mlp_012",
-        "aclgraph.update_attn_params",
-        "weights.pad_moe_intermediate",
+        "attention_graph.update_attn_params",
+        "nz_padding.pad_moe_intermediate",
     ),
     "E": (
         "attention.keep_sinks",
         "attention.sink_window_forward_impl",
-        "rope.yarn_truncate",
+        "yarn.truncate",
         "moe.unquant_apply",
         "moe.fused_experts",
         "moe.apply_mlp_012",
-        "aclgraph.update_attn_params_013",
-        "weights.pad_moe_intermediate",
+        "attention_graph.update_attn_params_013",
+        "nz_padding.pad_moe_intermediate",
     ),
     "F": (
         "attention.keep_sinks",
         "attention.sink_window_forward_impl",
-        "rope.yarn_truncate",
+        "yarn.truncate",
         "moe.unquant_apply",
         "moe.fused_experts",
         "moe.apply_mlp_012",
-        "aclgraph.update_graph_params",
-        "weights.pad_moe_intermediate",
+        "attention_graph.update_graph_params",
+        "nz_padding.pad_moe_intermediate",
     ),
     "H": (
         "attention.sink_window_forward_impl",
@@ -279,7 +281,7 @@ _C_MXFP4_UNCHECKED = Cap(REFUSED, "MXFP4 dequantization not checked against this
                                   "(vLLM >= 0.20); use a BF16 checkpoint or vllm-ascend <= 0.19.1rc1")
 
 
-#: vLLM 0.11.0's BF16 loader passes the expert-parallel range swapped (gptoss_patch.patches.expert_parallel).
+#: vLLM 0.11.0's BF16 loader passes the expert-parallel range swapped (gptoss_patch.patches.checkpoint_bf16).
 _C_BF16_EP_011 = Cap(PATCHED, "vLLM 0.11.0's GptOssModel.load_weights calls _load_weights_other(ep_rank_end, "
                               "ep_rank_start) against its (ep_rank_start, ep_rank_end) signature: with "
                               "--enable-expert-parallel every expert slice is empty and loading fails; the range is "
@@ -468,21 +470,90 @@ def cap_lines(row: Row | None) -> tuple[str, ...]:
                  if cap.state != NATIVE)
 
 
-#: Every table a new vllm-ascend release touches, in order (``docs/adding-a-release.md`` explains each step):
-#: ``(file, name)``. ``tests/unit/test_matrix.py`` checks that each name exists in its file.
-RELEASE_CHECKLIST: tuple[tuple[str, str], ...] = (
-    ("gptoss_patch/matrix.py", "ROWS"),
-    ("gptoss_patch/matrix.py", "LAYOUTS"),
-    ("gptoss_patch/matrix.py", "LAYOUT_PATCHES"),
-    ("gptoss_patch/matrix.py", "VLLM_RELIED"),
-    ("gptoss_patch/kernels/padding.py", "NZ_RULES"),
-    ("noxfile.py", "CELLS"),
-    ("gptoss_patch/testing/runner.py", "RUNNER_RULES"),
-    ("gptoss_patch/upstream_fingerprints.json", "scripts/update_fingerprints.py"),
-    ("tests/unit/test_reverse_drift.py", "DEFECTS"),
-    ("README.md", "### Version matrix"),
-    ("docs/upstream.md", "# "),
+@dataclass(frozen=True)
+class NzRule:
+    """How one vllm-ascend release decides whether unquantised bf16/fp16 MoE weights become FRACTAL_NZ.
+
+    Attributes:
+        releases: the vllm-ascend versions the rule covers (PEP 440 strings).
+        function: the upstream function that decides.
+        text: the rule in words.
+        env_values: the ``VLLM_ASCEND_ENABLE_NZ`` values for which bf16 MoE weights are NZ-cast (the default is 1);
+            ``None`` = NZ regardless of the variable.
+        needs_eagle: the cast additionally needs eagle/eagle3 speculative decoding.
+        never: bf16 MoE weights are never NZ-cast.
+    """
+
+    releases: tuple[str, ...]
+    function: str
+    text: str
+    env_values: tuple[int, ...] | None = (1, 2)
+    needs_eagle: bool = False
+    never: bool = False
+
+    def casts(self, env_value: int = 1, eagle: bool = False) -> bool:
+        """Whether bf16 MoE weights are NZ-cast with ``VLLM_ASCEND_ENABLE_NZ=env_value`` (non-310P, not qwen3_next)."""
+        if self.never:
+            return False
+        if self.needs_eagle and not eagle:
+            return False
+        return self.env_values is None or env_value in self.env_values
+
+
+#: Read from the released wheels (``vllm_ascend/utils.py`` and the unquantised MoE method's
+#: ``process_weights_after_loading``); docs/upstream.md §4.10.
+NZ_RULES: tuple[NzRule, ...] = (
+    NzRule(("0.11.0rc0",), "ops.common_fused_moe:process_weights_after_loading",
+           "always on non-310P (no environment check)", env_values=None),
+    NzRule(("0.11.0rc1", "0.11.0rc2"), "utils:is_enable_nz()",
+           "VLLM_ASCEND_ENABLE_NZ != 0 (default 1): NZ by default"),
+    NzRule(("0.11.0rc3",), "utils:is_enable_nz(dtype)", "never for fp16/bf16", never=True),
+    NzRule(("0.11.0",), "utils:is_enable_nz(dtype)",
+           "only with eagle/eagle3 speculative decoding, then VLLM_ASCEND_ENABLE_NZ != 0", needs_eagle=True),
+    NzRule(("0.12.0rc1",), "utils:is_enable_nz()", "VLLM_ASCEND_ENABLE_NZ != 0 (default 1): NZ by default"),
+    NzRule(("0.13.0rc1", "0.13.0rc2", "0.13.0rc3", "0.13.0", "0.14.0rc1", "0.15.0rc1"), "utils:maybe_trans_nz",
+           "only with VLLM_ASCEND_ENABLE_NZ=2", env_values=(2,)),
 )
+
+
+def nz_rule(vllm_ascend: str) -> NzRule | None:
+    """The :class:`NzRule` of a vllm-ascend release (exact version string), or ``None`` if not in :data:`NZ_RULES`."""
+    for rule in NZ_RULES:
+        if vllm_ascend in rule.releases:
+            return rule
+    return None
+
+
+@dataclass(frozen=True)
+class PairingRule:
+    """A defect that upstream's native GPT-OSS code has with a vLLM other than the paired one, checked in the
+    installed files by :func:`gptoss_patch.pairing.native_pairing_problems` on rows whose code runs unpatched.
+
+    Attributes:
+        patch: the patch (name in :func:`gptoss_patch.patches.all_specs`) whose structural check on ``layout``'s
+            target tells that the installed vllm-ascend still has the defect (the check passes: the code is the
+            defective one).
+        layout: where that target lives (:data:`LAYOUTS` key).
+        trigger: what the installed vLLM must do for the defect to matter (``gptoss_patch.pairing._TRIGGERS`` key).
+        problem: the refusal text; ``{target}`` is filled in.
+    """
+
+    patch: str
+    layout: str
+    trigger: str
+    problem: str
+
+
+#: Per-release facts of the pairing: vLLM >= 0.17 hands FusedMoE's activation over as the ``MoEActivation`` Enum,
+#: vllm-ascend 0.17.0rc1 - 0.18.0 compare it with a string (vllm-ascend #8463; patched there by ``moe.activation_name``).
+#: A native row (H, stand-down) paired with such a vLLM would run every expert as plain SwiGLU.
+NATIVE_PAIRING_RULES: tuple[PairingRule, ...] = (
+    PairingRule("moe.activation_name", "G", "vllm_passes_enum",
+                "the installed vLLM passes the MoE activation as the MoEActivation Enum and {target} compares it "
+                "with a string: GPT-OSS experts would run plain SwiGLU (vllm-ascend #8463)"),
+)
+
+
 
 
 @dataclass(frozen=True)
@@ -699,4 +770,78 @@ def markdown(rows: Sequence[Row] = ROWS) -> str:
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in table(rows):
         lines.append("| " + " | ".join(r[c] for c in cols) + " |")
+    return "\n".join(lines)
+
+
+#: For each capability that a row can refuse: what in a user's configuration meets the refusal (README "What is
+#: refused", first column).
+REFUSED_WHEN: dict[str, str] = {
+    "attention_graph": "FULL_DECODE_ONLY ACL graphs (`cudagraph_mode` `FULL_DECODE_ONLY`)",
+    "quantized_moe": "a quantized checkpoint (W8A8 or another vllm-ascend quantization method)",
+    "checkpoint_bf16": "a BF16 checkpoint",
+    "checkpoint_mxfp4": "an official MXFP4 checkpoint (`openai/gpt-oss-*`)",
+    "atlas_310p": "an Atlas 300I Duo (310P)",
+    "paged_attention_shapes": "`additional_config.pa_shape_list` with FULL_DECODE_ONLY graphs",
+    "context_parallel": "prefill or decode context parallelism above 1",
+}
+
+#: For each capability that a row can refuse: the setting that avoids the refusal (README "What is refused"; the guard's
+#: own messages name the same settings with the row's reason).
+AVOIDS: dict[str, str] = {
+    "attention_graph": "serve with PIECEWISE graphs: `--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}'` "
+                       "(or `--enforce-eager`)",
+    "quantized_moe": "serve a BF16 checkpoint (e.g. `unsloth/gpt-oss-120b-BF16`) or the official MXFP4 one where "
+                     "`checkpoint_mxfp4` is patched",
+    "checkpoint_bf16": "use another release of the series (0.23.0 or 0.25.1rc1)",
+    "checkpoint_mxfp4": "serve a BF16 checkpoint (`--dtype bfloat16` does not make vLLM dequantize MXFP4 on NPU)",
+    "atlas_310p": "serve on Atlas A2 / A3",
+    "paged_attention_shapes": "remove `pa_shape_list` from `--additional-config`",
+    "context_parallel": "serve with `--prefill-context-parallel-size 1 --decode-context-parallel-size 1` (the default)",
+}
+
+
+def _ranges(releases: Sequence[str], refused_rows: bool = False) -> str:
+    """``a, b, c`` consecutive in :data:`ROWS` order shown as ``a – c`` runs, joined by ``, ``; the refused rows are
+    left out of the order unless ``refused_rows`` (a capability's range runs across them: they have no capabilities)."""
+    order = [r.vllm_ascend for r in sorted(ROWS, key=lambda r: r.version) if refused_rows or r.verdict != REFUSE]
+    runs: list[list[str]] = []
+    for rel in sorted(releases, key=order.index):
+        if runs and order.index(rel) == order.index(runs[-1][-1]) + 1:
+            runs[-1].append(rel)
+        else:
+            runs.append([rel])
+    return ", ".join(run[0] if len(run) == 1 else f"{run[0]} – {run[-1]}" for run in runs)
+
+
+def refusals_markdown(rows: Sequence[Row] = ROWS) -> str:
+    """The README's table of what is refused and the setting that avoids it, from the rows' *refused* capabilities
+    :data:`REFUSED_WHEN` and :data:`AVOIDS` (tested by ``tests/unit/test_readme.py``). Raises ``KeyError`` for a
+    refused capability without an entry in both."""
+    lines = ["| when you serve GPT-OSS with | refused on vllm-ascend | the setting that avoids it |", "|---|---|---|"]
+    for cap in CAPABILITIES:
+        where = [r.vllm_ascend for r in rows if r.caps.get(cap) is not None and r.caps[cap].state == REFUSED]
+        if where:
+            lines.append(f"| {REFUSED_WHEN[cap]} (`{cap}`) | {_ranges(where)} | {AVOIDS[cap]} |")
+    lines.append(f"| a release newer than {newest_row(rows).vllm_ascend}, an unpaired vLLM, or a refused row | "
+                 f"{_ranges([r.vllm_ascend for r in rows if r.verdict == REFUSE], refused_rows=True)}, > "
+                 f"{newest_row(rows).vllm_ascend} | "
+                 "install a release of the table with its paired vLLM (`verify --matrix`), or upgrade gptoss-patch |")
+    return "\n".join(lines)
+
+
+def series_markdown(rows: Sequence[Row] = ROWS) -> str:
+    """The README's release table by series: consecutive rows with the same verdict and layout in one line, with the
+    cells that test them (tested by ``tests/unit/test_readme.py``; the full table is :func:`markdown`)."""
+    groups: list[list[Row]] = []
+    for r in sorted(rows, key=lambda r: r.version):
+        if groups and (groups[-1][-1].verdict, groups[-1][-1].layout) == (r.verdict, r.layout):
+            groups[-1].append(r)
+        else:
+            groups.append([r])
+    lines = ["| vllm-ascend | verdict | layout | tested here (nox cell) |", "|---|---|---|---|"]
+    for g in groups:
+        span = g[0].vllm_ascend if len(g) == 1 else f"{g[0].vllm_ascend} – {g[-1].vllm_ascend}"
+        cells = ", ".join(r.vllm_ascend for r in g if r.tested) or "judged from sources, not run"
+        lines.append(f"| {span} | {g[0].verdict} | {g[0].layout or '-'} | {cells} |")
+    lines.append(f"| > {newest_row(rows).vllm_ascend} | {REFUSE} | - | not checked yet: upgrade gptoss-patch |")
     return "\n".join(lines)

@@ -28,8 +28,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from gptoss_patch.fingerprint import (  # noqa: F401 - re-exported: the structural check's vocabulary
-    _SOURCE_CACHE, _ast_params, _find_def, _parsed, fingerprint, fingerprint_in_file, module_source_path, split_target)
+from gptoss_patch.fingerprint import _ast_params, _find_def, _parsed, module_source_path, split_target
 
 PENDING = "pending"
 APPLIED = "applied"

@@ -8,16 +8,19 @@ patch, and proves activation the way a real deployment sees it: in a fresh child
 
 Usage::
 
-    python -m gptoss_patch.verify [--json] [--simulate] [--selftest] [--report FILE] [--matrix] [--no-children]
+    python -m gptoss_patch.verify [--json] [--selftest] [--report FILE] [--matrix] [--no-children]
                                   [--model DIR [--tensor-parallel-size N]]
     python -m gptoss_patch.verify --server URL [--model SERVED_NAME] [--json]
 
 ``--matrix --json`` prints :func:`matrix_json` (typed values: ``tested`` is a boolean).
 
 One job: the stack check. ``--model DIR`` adds the operations kit's checkpoint report
-(:func:`gptoss_patch.ops.checkpoint.check_checkpoint`: tensors, per-rank split, FRACTAL_NZ padding, bytes per card) and
-``--server URL`` hands over to its server probe (:func:`gptoss_patch.ops.server_probe.probe_server`); ``--simulate``
-runs the main job of :mod:`gptoss_patch.testing.main_job`.
+(:func:`gptoss_patch.tools.checkpoint.check_checkpoint`: tensors, per-rank split, FRACTAL_NZ padding, bytes per card) and
+``--server URL`` hands over to its server probe (:func:`gptoss_patch.tools.server_probe.probe_server`).
+
+It checks whichever ``torch_npu`` the environment resolves: on a host without an NPU, gptoss-patch-testkit's CPU
+simulator with ``GPTOSS_PATCH_SIMULATE_NPU=1``, and ``python -m gptoss_patch_testkit.verify`` adds the simulated main
+job through :func:`main`'s ``sections`` (the product never imports the testkit).
 
 Exit status: 0 when the stack is covered (decision *apply* with every patch applied, or
 *stand-down*) and every check passed; 1 when something is wrong (including vllm-ascend not
@@ -32,7 +35,7 @@ import multiprocessing
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Callable, Sequence
 
 #: The module whose import activates gptoss-patch (through the .pth hook); then every module holding a patch target
 #: of the decided row is imported too (:func:`import_patch_targets`), as a worker does while building the model -
@@ -120,17 +123,33 @@ def _child_ok(d: dict[str, Any], decision: str | None) -> bool:
     return "error" not in d and d.get("decision") == decision and bool(d.get("ok")) and not d.get("import_error")
 
 
-def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
-    """Gather the full report as a JSON-ready dict (the ``--json`` output)."""
+#: A report section added by a caller of :func:`collect` / :func:`main`: ``section(report, status)`` may add keys,
+#: problems and warnings to ``report`` (``status``: the :class:`gptoss_patch.registry.Status` after activation).
+Section = Callable[[dict, Any], None]
+
+
+def collect(children: bool = True, sections: Sequence[Section] = ()) -> dict[str, Any]:
+    """Gather the full report as a JSON-ready dict (the ``--json`` output): the stack and its activation
+    (:func:`_stack_section`), the harmony vocabulary and the serving interpreter (:func:`_environment_section`), the
+    child processes (:func:`_children_section`), then each of ``sections`` (gptoss-patch-testkit's simulated main job is
+    one). ``ok`` is True when no section found a problem."""
+    report: dict[str, Any] = {"problems": [], "warnings": []}
+    status = _stack_section(report)
+    _environment_section(report)
+    if children and status.decision in ("apply", "stand-down") and not report["import_error"]:
+        _children_section(report, status.decision)
+    for section in sections:
+        section(report, status)
+    report["ok"] = not report["problems"]
+    return report
+
+
+def _stack_section(report: dict[str, Any]) -> Any:
+    """Activate as a worker would, import every patch target of the decided row, and add ``status`` and
+    ``import_error`` to ``report`` with the problems and warnings they show; returns the status."""
     import gptoss_patch
     from gptoss_patch import drift, environment
 
-    report: dict[str, Any] = {"problems": [], "warnings": []}
-    if simulate:
-        os.environ["GPTOSS_PATCH_SIMULATE_NPU"] = "1"
-        from gptoss_patch.testing import npu_sim
-
-        npu_sim.install()
     versions = environment.installed_versions()
     if versions.vllm_ascend is None:
         report["problems"].append("vllm-ascend is not installed: gptoss-patch patches vllm-ascend and has nothing "
@@ -143,11 +162,13 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
             report["problems"].append(f"importing vllm-ascend failed: {import_error}")
         status = gptoss_patch.status()
     report["status"] = status.as_dict()
+    report["import_error"] = import_error  # None, or why importing the patch targets failed
     if status.decision in ("refuse", "disabled") and versions.vllm_ascend is not None:
         report["problems"].append(f"stack not covered: {status.reason}")
     if import_error and "torch_npu" in import_error:
-        report["problems"].append("no NPU runtime (torch_npu) in this environment: on a host without an Ascend NPU "
-                                  "run `python -m gptoss_patch.verify --simulate`")
+        from gptoss_patch.selftest.device import NO_NPU_HINT
+
+        report["problems"].append(NO_NPU_HINT)
     elif import_error is None:
         for p in status.patches:
             if p.state != "applied":
@@ -161,6 +182,12 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
     for name, cap in status.capabilities.items():
         if cap["state"] == "deviates":
             report["warnings"].append(f"{name} deviates upstream: {cap['note']}")
+    return status
+
+
+def _environment_section(report: dict[str, Any]) -> None:
+    """Add ``harmony_vocabulary`` (:func:`harmony_vocabulary`) and ``serving_interpreter``
+    (:func:`serving_interpreter`) to ``report``, with their problems and warnings."""
     vocab = harmony_vocabulary()
     report["harmony_vocabulary"] = vocab
     if vocab["problem"]:
@@ -171,38 +198,19 @@ def collect(simulate: bool = False, children: bool = True) -> dict[str, Any]:
     report["serving_interpreter"] = serving
     if serving.get("other"):
         report["warnings"].append(serving["other"])
-    if children and status.decision in ("apply", "stand-down") and not import_error:
-        fresh = child_interpreter_status()
-        spawned = spawn_child_status()
-        forked = spawn_child_status(method="forkserver")
-        report["children"] = {"fresh_interpreter": fresh, "spawn": spawned, "forkserver": forked}
-        for label, d in (("fresh interpreter", fresh), ("spawned child", spawned), ("forkserver child", forked)):
-            if not _child_ok(d, status.decision):
-                why = d.get("error") or d.get("import_error") or d.get("reason")
-                report["problems"].append(f"activation not proven in a {label}: {why}")
-    # the main job runs our runner (gptoss_patch.testing.runner, whose rules cover 0.11-0.14) over the patched
-    # attention path of layouts B-F; layouts H and G patch releases with native sinks, whose engine-level check is
-    # tests/cell/native_015 (vllm serve through the real engine)
-    from gptoss_patch import matrix
 
-    row = next((r for r in matrix.ROWS if r.vllm_ascend == status.row), None)
-    patched_attention = status.capabilities.get("attention", {}).get("state") == "patched"
-    if simulate and status.decision == "apply" and patched_attention and matrix.native_sinks(row):
-        report["main_job"] = {"skipped": "the runner's rules cover vllm-ascend 0.11-0.14; on layouts H and G the main "
-                                         "job is vllm serve through the real engine (tests/cell/native_015/"
-                                         "test_native_serve.py, or python -m gptoss_patch.testing.serve_job)"}
-    elif simulate and status.decision == "apply" and patched_attention and not import_error:
-        from gptoss_patch.testing import main_job  # the simulated run only
 
-        report["main_job"] = {}
-        for mode, graph in (("eager", False), ("graph", True)):
-            job = main_job.run_in_child(graph=graph)
-            report["main_job"][mode] = job
-            if not job.get("ok"):
-                report["problems"].append(f"the simulated GPT-OSS run ({mode}) did not reproduce the reference: "
-                                          + (job.get("error") or "token or logit mismatch (see main job report)"))
-    report["ok"] = not report["problems"]
-    return report
+def _children_section(report: dict[str, Any], decision: str) -> None:
+    """Add ``children`` to ``report``: activation proven in a fresh interpreter and in spawn and forkserver children
+    (each must reach ``decision`` with every patch applied); a child that did not is a problem naming it."""
+    fresh = child_interpreter_status()
+    spawned = spawn_child_status()
+    forked = spawn_child_status(method="forkserver")
+    report["children"] = {"fresh_interpreter": fresh, "spawn": spawned, "forkserver": forked}
+    for label, d in (("fresh interpreter", fresh), ("spawned child", spawned), ("forkserver child", forked)):
+        if not _child_ok(d, decision):
+            why = d.get("error") or d.get("import_error") or d.get("reason")
+            report["problems"].append(f"activation not proven in a {label}: {why}")
 
 
 _PREPARE_HINT = ("set TIKTOKEN_ENCODINGS_BASE (or TIKTOKEN_RS_CACHE_DIR) to a directory laid out by "
@@ -236,11 +244,11 @@ def _reachable(url: str, timeout: float) -> str | None:
 def harmony_vocabulary(env: dict | None = None, timeout: float = 3.0) -> dict[str, Any]:
     """Where openai-harmony (vLLM's GPT-OSS chat path) will read ``o200k_base.tiktoken`` from, and whether it can.
 
-    Follows harmony's Rust loader (``src/tiktoken_ext/public_encodings.rs``, see :mod:`gptoss_patch.ops.tokenizer`):
+    Follows harmony's Rust loader (``src/tiktoken_ext/public_encodings.rs``, see :mod:`gptoss_patch.tools.tokenizer`):
     with ``TIKTOKEN_ENCODINGS_BASE`` set it reads only ``$TIKTOKEN_ENCODINGS_BASE/o200k_base.tiktoken``; otherwise
     the cache file ``$TIKTOKEN_RS_CACHE_DIR/<sha1 of the URL>`` (default directory ``<temp dir>/tiktoken-rs-cache``),
     downloading it when absent or corrupt. A file is checked against the published sha256
-    (:data:`gptoss_patch.ops.tokenizer.O200K_SHA256`, harmony's ``expected_hash``); the download URL is tried (HEAD,
+    (:data:`gptoss_patch.tools.tokenizer.O200K_SHA256`, harmony's ``expected_hash``); the download URL is tried (HEAD,
     ``timeout`` seconds) only when no good file is there.
 
     Args:
@@ -256,7 +264,7 @@ def harmony_vocabulary(env: dict | None = None, timeout: float = 3.0) -> dict[st
     """
     import tempfile
 
-    from gptoss_patch.ops.tokenizer import O200K_SHA256, O200K_URL, cache_key
+    from gptoss_patch.tools.tokenizer import O200K_SHA256, O200K_URL, cache_key
 
     env = os.environ if env is None else env
     base, cache = env.get("TIKTOKEN_ENCODINGS_BASE"), env.get("TIKTOKEN_RS_CACHE_DIR")
@@ -393,7 +401,7 @@ def print_human(report: dict[str, Any]) -> None:
     if vocab:
         print(f"  harmony vocabulary: {'ok' if vocab['ok'] else 'NOT usable'} ({vocab['file']}, "
               f"{vocab['variable'] or 'default cache'})")
-    if report.get("checkpoint"):  # gptoss_patch.ops
+    if report.get("checkpoint"):  # gptoss_patch.tools
         for line in _checkpoint_lines(report["checkpoint"]):
             print("  " + line)
     for w in report.get("warnings", []):
@@ -445,8 +453,12 @@ def matrix_json() -> dict[str, Any]:
 
 def _selftest_section(report: dict[str, Any]) -> None:
     """Add :func:`gptoss_patch.selftest.run` to ``report`` (key ``selftest``); a failing case is a problem naming it."""
-    from gptoss_patch import selftest
-
+    try:
+        from gptoss_patch import selftest
+    except ImportError as exc:  # the self-test computes with torch; a bug report must still be written
+        report["problems"].append(f"self-test not run: {exc} (it needs torch and torch_npu, as vllm-ascend does)")
+        report["ok"] = False
+        return
     result = selftest.run()
     report["selftest"] = result.as_dict()
     if not result.cases:  # the stack is not covered: that is already the problem
@@ -455,6 +467,16 @@ def _selftest_section(report: dict[str, Any]) -> None:
         named = ", ".join(result.failed) or "no case ran"
         report["problems"].append(f"self-test failed: {named}")
         report["ok"] = False
+
+
+class _Moved(argparse.Action):
+    """``--simulate`` (removed with the simulator's move to gptoss-patch-testkit): a usage error naming the
+    replacement."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.error("--simulate moved to gptoss-patch-testkit: pip install gptoss-patch-testkit, then "
+                     "`python -m gptoss_patch_testkit.verify [options]` (verify on the CPU NPU simulator plus the "
+                     "simulated main job)")
 
 
 def _positive_int(text: str) -> int:
@@ -468,27 +490,28 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point; returns the exit status (0 ok, 1 problems, 2 usage error)."""
+def main(argv: list[str] | None = None, sections: Sequence[Section] = ()) -> int:
+    """CLI entry point; returns the exit status (0 ok, 1 problems, 2 usage error). ``sections``: extra report
+    sections run after the stack check (:data:`Section`; ``python -m gptoss_patch_testkit.verify`` passes the
+    simulated main job)."""
     from gptoss_patch._cli import parse, prog
 
     ap = argparse.ArgumentParser(prog=prog("gptoss-patch-verify", "gptoss_patch.verify"),
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
-    ap.add_argument("--simulate", action="store_true",
-                    help="run on the CPU NPU simulator (hosts without an NPU; sets GPTOSS_PATCH_SIMULATE_NPU=1)")
     ap.add_argument("--matrix", action="store_true", help="print the version matrix and exit")
+    ap.add_argument("--simulate", action=_Moved, nargs=0, help=argparse.SUPPRESS)
     ap.add_argument("--no-children", action="store_true", help="skip the fresh-interpreter, spawn and forkserver checks")
     ap.add_argument("--model", metavar="DIR", help="a GPT-OSS checkpoint directory: report what it needs (config.json)")
     ap.add_argument("--tensor-parallel-size", type=_positive_int, default=None, metavar="N",
                     help="with --model DIR (default 1)")
     ap.add_argument("--selftest", action="store_true",
-                    help="run small GPT-OSS cases through the serving code paths on this device (with --simulate: "
-                         "the CPU NPU simulator) against transformers in float32 (gptoss_patch.selftest)")
+                    help="run small GPT-OSS cases through the serving code paths on this device (the torch_npu "
+                         "present) against transformers in float32 (gptoss_patch.selftest)")
     ap.add_argument("--report", metavar="FILE",
                     help="also write a Markdown report for a bug report to FILE (runs the self-test; "
                          "gptoss_patch.report; only GPTOSS_PATCH_*/VLLM_* variables, secrets not shown)")
-    _add_server_arguments(ap)  # gptoss_patch.ops
+    _add_server_arguments(ap)  # gptoss_patch.tools
     args = parse(ap, argv)
     if isinstance(args, int):
         return args
@@ -518,13 +541,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         # stdout must stay one JSON document: vLLM logs to stdout unless told otherwise (vllm/envs.py)
         os.environ.setdefault("VLLM_LOGGING_STREAM", "ext://sys.stderr")
-    if args.server:  # gptoss_patch.ops: probe a running server only, no local stack checks
+    if args.server:  # gptoss_patch.tools: probe a running server only, no local stack checks
         return _server_main(args)
-    report = collect(simulate=args.simulate, children=not args.no_children)
+    report = collect(children=not args.no_children, sections=sections)
     if args.selftest or args.report:
         _selftest_section(report)
     if args.model:
-        _checkpoint_section(report, args.model, args.tensor_parallel_size)  # gptoss_patch.ops
+        _checkpoint_section(report, args.model, args.tensor_parallel_size)  # gptoss_patch.tools
     if args.report:
         from gptoss_patch import report as report_md
 
@@ -542,7 +565,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Hand-over to the operations kit (gptoss_patch.ops): its checkpoint report for --model, its server probe for
+# Hand-over to the operations kit (gptoss_patch.tools): its checkpoint report for --model, its server probe for
 # --server. Nothing here computes a checkpoint fact of its own.
 
 
@@ -559,8 +582,8 @@ def _add_server_arguments(ap: argparse.ArgumentParser) -> None:
 
 
 def _checkpoint_section(report: dict[str, Any], model_dir: str, tensor_parallel_size: int) -> None:
-    """Add :func:`gptoss_patch.ops.checkpoint.check_checkpoint` of ``model_dir`` to ``report`` (key ``checkpoint``)."""
-    from gptoss_patch.ops.checkpoint import check_checkpoint
+    """Add :func:`gptoss_patch.tools.checkpoint.check_checkpoint` of ``model_dir`` to ``report`` (key ``checkpoint``)."""
+    from gptoss_patch.tools.checkpoint import check_checkpoint
 
     try:
         check = check_checkpoint(model_dir, tp=tensor_parallel_size)
@@ -576,15 +599,15 @@ def _checkpoint_section(report: dict[str, Any], model_dir: str, tensor_parallel_
 
 
 def _checkpoint_lines(check: dict[str, Any]) -> list[str]:
-    from gptoss_patch.ops.checkpoint import CheckReport
+    from gptoss_patch.tools.checkpoint import CheckReport
 
     fields = {k: check[k] for k in ("directory", "tp", "problems", "warnings", "facts")}
     return [line for line in CheckReport(**fields).lines() if not line.lstrip().startswith(("PROBLEM", "result"))]
 
 
 def _server_main(args: argparse.Namespace) -> int:
-    """``--server URL``: run :func:`gptoss_patch.ops.server_probe.probe_server`; exit 0 ok, 1 problems, 2 bad input."""
-    from gptoss_patch.ops.server_probe import probe_server
+    """``--server URL``: run :func:`gptoss_patch.tools.server_probe.probe_server`; exit 0 ok, 1 problems, 2 bad input."""
+    from gptoss_patch.tools.server_probe import probe_server
 
     try:
         probe = probe_server(args.server, args.model, timeout=args.server_timeout, chat_max_tokens=args.chat_max_tokens)

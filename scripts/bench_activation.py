@@ -25,7 +25,7 @@ import sys
 
 CHILD = r"""
 import json, sys, time
-sys.meta_path[:] = [f for f in sys.meta_path if "gptoss-patch" not in repr(f)]  # the .pth finder: we time by hand
+sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, "__name__", "") != "_gptoss_patch_hook"]  # the .pth finder: we time by hand
 from gptoss_patch import environment, matrix, patches
 versions = environment.installed_versions()
 row = next((r for r in matrix.ROWS if r.vllm_ascend == versions.vllm_ascend), None)

@@ -6,14 +6,14 @@ layers, window 128, and 18 full-attention layers; 8 query heads, 1 KV head, head
 a batch of 1 and of 64 decoding sequences (context lengths ``200 + (37 * i) % 800``, the same in both runs).
 
 * patched 0.11.0: vllm-ascend 0.11.0's ``AscendAttentionBackendImpl.forward`` wrapped by gptoss-patch
-  (``attention.sink_window_forward``), metadata from 0.11.0's builder (:mod:`gptoss_patch.testing.attention_case`);
+  (``attention.sink_window_forward``), metadata from 0.11.0's builder (:mod:`gptoss_patch.selftest.attention`);
   runs in the 0.11.0 venv, where the ``.pth`` applies the patches.
 * native 0.15.0rc1: vllm-ascend 0.15.0rc1's own forward (gptoss-patch disabled in that worker: layout H would route
-  the sink/window layers to our call), metadata from 0.15's builder (:mod:`gptoss_patch.testing.native_015`), inside
+  the sink/window layers to our call), metadata from 0.15's builder (:mod:`gptoss_patch.selftest.native`), inside
   ``set_ascend_forward_context``; runs in the 0.15.0rc1 venv.
 
 Only host-side Python is measured: the timed steps run inside
-:func:`gptoss_patch.testing.npu_sim.host_time.host_time_only`, where the simulated attention operators return a
+:func:`gptoss_patch_testkit.npu_sim.host_time.host_time_only`, where the simulated attention operators return a
 preallocated result instead of emulating the kernel (on an NPU the kernel runs on the device; the host pays the
 launch). Before timing, layers run once with the real emulation and their outputs are checked to be finite (a
 sliding and a full layer for 0.11.0; a full layer for 0.15.0rc1, whose sliding layers pass a ``swa_mask`` that
@@ -66,7 +66,7 @@ class _Layer:
 
 
 def _time_steps(step, steps: int) -> list[float]:
-    from gptoss_patch.testing.npu_sim.host_time import host_time_only
+    from gptoss_patch_testkit.npu_sim.host_time import host_time_only
 
     times = []
     with host_time_only():
@@ -90,7 +90,7 @@ def worker_011(steps: int) -> dict:
 
     import gptoss_patch
     import vllm_ascend.attention.attention_v1 as aa
-    from gptoss_patch.testing.attention_case import build_case
+    from gptoss_patch.selftest.attention import build_case
 
     st = gptoss_patch.status()
     if st.decision != "apply" or not isinstance(aa.AscendAttentionBackendImpl.__dict__["forward"], wrapt.FunctionWrapper):
@@ -123,7 +123,7 @@ def worker_015(steps: int) -> dict:
     from vllm_ascend.ascend_forward_context import set_ascend_forward_context
 
     import gptoss_patch
-    from gptoss_patch.testing import native_015 as n015
+    from gptoss_patch.selftest import native as n015
 
     cfg, _ = n015.vllm_context()
     st = gptoss_patch.status()
@@ -182,7 +182,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.worker:
         os.environ.setdefault("GPTOSS_PATCH_SIMULATE_NPU", "1")  # for vLLM's child interpreters
-        from gptoss_patch.testing import npu_sim
+        from gptoss_patch_testkit import npu_sim
 
         npu_sim.install()
         res = worker_011(args.steps) if args.worker == "0.11.0" else worker_015(args.steps)

@@ -10,7 +10,7 @@ native 0.15.0rc1 cell, and compare). Figures are printed, never asserted.
   the server's own log lines. At ``--tensor-parallel-size 2`` (the model whose ranks hold gpt-oss-120b's per-rank
   shapes at TP 8), per rank: the weights vLLM loaded, the peak simulated device memory of the profiling run
   (``0.9 * total - available`` from vllm-ascend's worker log line; the simulator counts the worker process's
-  resident-set growth, so it includes the host-side runtime) and the MoE padding the NZ patch applied (``weights.pad_moe_intermediate``'s
+  resident-set growth, so it includes the host-side runtime) and the MoE padding the NZ patch applied (``nz_padding.pad_moe_intermediate``'s
   log line; none where the release does not NZ-cast, e.g. float32 on 0.12.0rc1; ``GPTOSS_PATCH_MOE_PAD=always`` forces
   it). On the tiny model the padding itself adds ~0.2 MB per rank; the loaded-weights figure still grows by ~22 MB
   with it (0.128 -> 0.150 GB in the 0.11.0 cell, 2026-12-02): the simulator counts resident-set growth, which also
@@ -73,8 +73,8 @@ def per_rank(text: str) -> dict[int, dict[str, str]]:
 
 
 def bench_startup(workdir: Path, tensor_parallel_size: int = 1) -> None:
-    from gptoss_patch.ops import tokenizer
-    from gptoss_patch.testing import main_job, serve_job
+    from gptoss_patch.tools import tokenizer
+    from gptoss_patch_testkit.jobs import main_job, serve_job
 
     ckpt = main_job.ensure_checkpoint(workdir, checkpoint_format="bf16" if tensor_parallel_size == 1 else "bf16-tp2")
     vocab = tokenizer.prepare(workdir / "vocab")
@@ -131,8 +131,9 @@ def upstream_template_mask() -> str:
 
 def bench_decode(workdir: Path, steps: int, upstream_attention: bool = False) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    from gptoss_patch.ops import tokenizer
-    from gptoss_patch.testing import main_job, npu_sim
+    from gptoss_patch.tools import tokenizer
+    from gptoss_patch_testkit import npu_sim
+    from gptoss_patch_testkit.jobs import main_job
 
     npu_sim.install()
     import torch_npu
@@ -155,7 +156,7 @@ def bench_decode(workdir: Path, steps: int, upstream_attention: bool = False) ->
     for name in dir(torch_npu):
         fn = torch_npu.__dict__.get(name)
         if callable(fn) and not isinstance(fn, type) and \
-                getattr(fn, "__module__", "").startswith("gptoss_patch.testing.npu_sim.ops"):
+                getattr(fn, "__module__", "").startswith("gptoss_patch_testkit.npu_sim.ops"):
             originals[name] = fn
 
             @functools.wraps(fn)  # keeps the signature (gptoss_patch.kernels.attention.detect_path reads it)

@@ -15,7 +15,7 @@ each step:
   upstream's function itself (``__wrapped__``) - the difference is our pass-through cost for non-GPT-OSS models.
 
 Each step uses the op-plugin documentation order (update, then replay) so the timed call contains no replayed work.
-The torch_npu operators and the NPU graph runtime are the CPU simulator's (``gptoss_patch.testing.npu_sim``): the
+The torch_npu operators and the NPU graph runtime are the CPU simulator's (``gptoss_patch_testkit.npu_sim``): the
 absolute times include the simulator's emulation of ``graph_task_update_begin/end``, the intercepted launch and
 ``ExternalEvent.record`` - they are host times on this machine, not NPU measurements; the ratio compares the Python
 work of the two update paths under the same emulation.
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     if args.path:
         os.environ["GPTOSS_PATCH_ATTENTION_PATH"] = args.path
 
-    from gptoss_patch.testing import npu_sim
+    from gptoss_patch_testkit import npu_sim
 
     npu_sim.install()
     import torch
@@ -148,7 +148,8 @@ def main(argv=None) -> int:
     from vllm.compilation.monitor import set_cudagraph_capturing_enabled
 
     import gptoss_patch
-    from gptoss_patch.patches.aclgraph import GptOssAttnParams, is_patched
+    from gptoss_patch.patches.attention_graph.capture import GptOssAttnParams
+    from gptoss_patch.patches.attention_graph.update import is_patched
 
     if not is_patched(ag.update_attn_params):
         print(f"gptoss-patch's update patch is not applied: {gptoss_patch.status().reason}", file=sys.stderr)

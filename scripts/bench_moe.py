@@ -64,7 +64,7 @@ def _versions():
 
 
 def _checkpoint(tmp, args):
-    from gptoss_patch.testing.tiny import write_checkpoint
+    from gptoss_patch.selftest.tiny import write_checkpoint
 
     # only the config matters here (model type, dtype); tiny shapes keep the engine-config step fast
     write_checkpoint(tmp, preset="tiny", seed=0, tokenizer=False, num_hidden_layers=2, num_local_experts=4,
@@ -98,7 +98,7 @@ def _build(cfg, w, dtype, args):
     except ImportError:
         from vllm.utils.torch_utils import set_default_torch_dtype  # vLLM 0.15
 
-    from gptoss_patch.testing import vllm_setup
+    from gptoss_patch.selftest import worker as vllm_setup
 
     e, h, i = args.experts, args.hidden, args.intermediate
     with vllm_setup.ascend_context(vllm_config=cfg, worker_patches=WORKER_PATCHES), set_default_torch_dtype(dtype):
@@ -124,7 +124,7 @@ def _time(cfg, layer, w, x, tokens, repeat, variants):
     import torch
     import torch.nn.functional as F
 
-    from gptoss_patch.testing import vllm_setup
+    from gptoss_patch.selftest import worker as vllm_setup
 
     outs = {v: {} for v in variants}
     samples = {v: {n: [] for n in tokens} for v in variants}
@@ -169,7 +169,7 @@ class _Upstream:
 def run(args) -> dict:
     import torch
 
-    from gptoss_patch.testing import vllm_setup
+    from gptoss_patch.selftest import worker as vllm_setup
 
     global WORKER_PATCHES
     vllm_v, va_v = _versions()
@@ -221,7 +221,7 @@ def torch_equal(a, b):
 def main(argv=None) -> int:
     global ARGS
     ARGS = _parse(argv)
-    from gptoss_patch.testing import npu_sim
+    from gptoss_patch_testkit import npu_sim
 
     npu_sim.install()
     import torch

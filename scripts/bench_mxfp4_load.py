@@ -10,7 +10,7 @@ Run in a cell venv (vLLM's real ``GptOssModel.load_weights`` / ``_load_weights_o
 2. In a fresh child: allocates the rank's BF16 expert parameters (``w13_weight [128, 720, 2880]``, ``w2_weight
    [128, 2880, 360]``, 0.80 GB - on an NPU they are device memory), records its RSS, then streams the file through
    vLLM's ``safetensors_weights_iterator`` (mmap, lazy) into vLLM's ``GptOssModel.load_weights`` wrapped by our
-   ``mxfp4.dequantize_load`` (as rank ``--rank`` of TP 8: vLLM's module-level rank functions answer for that rank; a
+   ``checkpoint_mxfp4.dequantize_load`` (as rank ``--rank`` of TP 8: vLLM's module-level rank functions answer for that rank; a
    one-layer stand-in module holds the parameters). Peak RSS (``VmHWM``, file-backed mmap pages included) minus the RSS
    before loading is what loading cost on the host.
 
@@ -58,9 +58,9 @@ rank, tp, path = int(sys.argv[2]), int(sys.argv[3]), sys.argv[1]
 E, H, I = %d, %d, %d
 import vllm.model_executor.models.gpt_oss as g
 from vllm.model_executor.model_loader.weight_utils import safetensors_weights_iterator
-from gptoss_patch.patches import mxfp4
+from gptoss_patch.patches import checkpoint_mxfp4 as mxfp4
 # vLLM's own rank answers, as on rank `rank` of TP `tp` (no process group needed for a loader-only run)
-from gptoss_patch.testing.mxfp4_case import set_rank
+from gptoss_patch_testkit.mxfp4_case import set_rank
 set_rank(g, tp, rank, 1, 0)
 
 per = I // tp

@@ -117,8 +117,8 @@ def bench_pad(experts: int, hidden: int, inter: int, padded: int) -> None:
 
 
 def bench_process_weights(experts: int, hidden: int, inter: int) -> None:
-    from gptoss_patch.testing import vllm_setup
-    from gptoss_patch.testing.tiny import write_checkpoint
+    from gptoss_patch.selftest import worker as vllm_setup
+    from gptoss_patch.selftest.tiny import write_checkpoint
 
     ckpt = vllm_setup.process_scratch("bench-padding-")
     write_checkpoint(ckpt, preset="tiny", tokenizer=False, num_hidden_layers=2, num_local_experts=4, vocab_size=512,

@@ -1,10 +1,10 @@
 """Rebuild ``gptoss_patch/upstream_fingerprints.json`` from the released vllm-ascend wheels.
 
 For every release of the version matrix (:data:`gptoss_patch.matrix.ROWS`), download its wheel (or, where PyPI has
-no cp311 wheel, its sdist) into ``--wheels DIR`` (:func:`gptoss_patch.testing.release_source.release_tree`), read it
+no cp311 wheel, its sdist) into ``--wheels DIR`` (:func:`gptoss_patch_testkit.release_source.release_tree`), read it
 without installing or importing it, and fingerprint every patch target of every layout (:data:`gptoss_patch.matrix.LAYOUTS`; module-only
 keys have no source segment and are skipped; a target absent from a release is left out). The fingerprint is
-:func:`gptoss_patch.registry.fingerprint_in_file`: sha256 of the def's source segment (``docs/upstream.md`` §6).
+:func:`gptoss_patch.fingerprint.fingerprint_in_file`: sha256 of the def's source segment (``docs/upstream.md`` §6).
 
 Usage::
 
@@ -41,7 +41,7 @@ def build(wheels: Path) -> dict[str, dict[str, str]]:
     import tarfile
     import zipfile
 
-    from gptoss_patch.testing.release_source import release_tree
+    from gptoss_patch_testkit.release_source import release_tree
 
     targets = drift.all_targets()
     table = {}
@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wheels", type=Path, help="directory holding (or receiving) the vllm-ascend wheels")
     ap.add_argument("--check", action="store_true", help="compare with the stored table instead of writing it")
     args = ap.parse_args(argv)
-    from gptoss_patch.testing.release_source import CACHE
+    from gptoss_patch_testkit.release_source import CACHE
 
     try:
         table = build(args.wheels or CACHE)

@@ -23,8 +23,8 @@ so one mask per (dtype, device) serves every layer and window; it is built once 
 
 ACL graphs (FULL_DECODE_ONLY): :func:`fia_kwargs` + :func:`relaunch_out` are the ``.out`` launch a captured graph
 holds - it writes into the caller's output, LSE and workspace buffers, one operator launch per layer, so
-:mod:`gptoss_patch.patches.aclgraph` can re-issue it with new lengths in a task-group update (the capture:
-:func:`gptoss_patch.patches.graph_capture.capture_decode`; on the ``lse`` path :func:`sink_rescale_` follows).
+:mod:`gptoss_patch.patches.attention_graph.update` can re-issue it with new lengths in a task-group update (the capture:
+:func:`gptoss_patch.patches.attention_graph.capture.capture_decode`; on the ``lse`` path :func:`sink_rescale_` follows).
 :func:`graph_path` picks the operator that can be updated on this torch_npu (v2 needs op-plugin 7.3.0);
 :func:`decode_launch_lengths` turns vllm-ascend's padded decode metadata into lengths that cover every row.
 """
@@ -262,7 +262,7 @@ def fia_kwargs(path: str, *, block_table: torch.Tensor, block_size: int, query_c
 
 # ----------------------------------------------------------------------------------------------------------------
 # ACL graph (FULL_DECODE_ONLY) form: the `.out` overloads, a preallocated LSE and workspace, updatable lengths.
-# The capture / update protocol itself lives in gptoss_patch.patches.aclgraph.
+# The capture / update protocol itself lives in gptoss_patch.patches.attention_graph.update.
 
 #: First torch_npu release whose op-plugin line (7.3.0) can update a captured ``npu_fused_infer_attention_score_v2``
 #: inside an NPU graph task group (op-plugin commit c2bbff98, PR !3925, 2025-12-30; docs/operators.md §3.8).

@@ -152,7 +152,7 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     Per block of 32: scale exponent ``s = clamp(ceil(log2(amax / 6)), -127, 127)`` (the smallest power of two that
     brings the block's largest magnitude within FP4's ±6; stored ``s + 127``), each element the FP4 value nearest to
     ``x / 2**s`` (ties to the smaller magnitude), packed low nibble first. The writer of the tiny MXFP4 checkpoints
-    (:mod:`gptoss_patch.testing.tiny`); its output is checked against transformers' dequantizer in the tests.
+    (:mod:`gptoss_patch.selftest.tiny`); its output is checked against transformers' dequantizer in the tests.
 
     Returns:
         ``blocks`` uint8 ``[..., C/32, 16]`` and ``scales`` uint8 ``[..., C/32]``.

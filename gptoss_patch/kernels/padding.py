@@ -19,7 +19,7 @@ the *per-rank* intermediate size ``I`` (int8 needs ``2I % 32``, the same conditi
 ``I = 2880`` with expert parallelism (every rank holds whole experts). TP 8 -> 360 = 22 * 16 + 8 and TP 16 -> 180 are
 not multiples of 16; TP 1, 2, 4 (2880, 1440, 720) are.
 
-Which releases cast bf16 MoE weights to NZ (so that the rule bites) is :data:`NZ_RULES`.
+Which releases cast bf16 MoE weights to NZ (so that the rule bites) is release data: :data:`gptoss_patch.matrix.NZ_RULES`.
 
 Why zero padding is exact
 =========================
@@ -50,9 +50,6 @@ if TYPE_CHECKING:  # torch is imported by the functions that use it: the layout 
 
 __all__ = [
     "NZ_FRACTAL",
-    "NZ_RULES",
-    "NzRule",
-    "nz_rule",
     "MoERankLayout",
     "nz_multiple",
     "aligned_size",
@@ -327,57 +324,3 @@ def pad_moe_layer_(layer: Any, intermediate: int) -> dict[str, tuple[tuple[int, 
 # ----------------------------------------------------------------------------------------------------------------------
 # which vllm-ascend releases cast bf16 MoE weights to NZ (for reports; the patch asks the running release itself)
 # ----------------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NzRule:
-    """How one vllm-ascend release decides whether unquantised bf16/fp16 MoE weights become FRACTAL_NZ.
-
-    Attributes:
-        releases: the vllm-ascend versions the rule covers (PEP 440 strings).
-        function: the upstream function that decides.
-        text: the rule in words.
-        env_values: the ``VLLM_ASCEND_ENABLE_NZ`` values for which bf16 MoE weights are NZ-cast (the default is 1);
-            ``None`` = NZ regardless of the variable.
-        needs_eagle: the cast additionally needs eagle/eagle3 speculative decoding.
-        never: bf16 MoE weights are never NZ-cast.
-    """
-
-    releases: tuple[str, ...]
-    function: str
-    text: str
-    env_values: tuple[int, ...] | None = (1, 2)
-    needs_eagle: bool = False
-    never: bool = False
-
-    def casts(self, env_value: int = 1, eagle: bool = False) -> bool:
-        """Whether bf16 MoE weights are NZ-cast with ``VLLM_ASCEND_ENABLE_NZ=env_value`` (non-310P, not qwen3_next)."""
-        if self.never:
-            return False
-        if self.needs_eagle and not eagle:
-            return False
-        return self.env_values is None or env_value in self.env_values
-
-
-#: Read from the released wheels (``vllm_ascend/utils.py`` and the unquantised MoE method's
-#: ``process_weights_after_loading``); docs/upstream.md §4.10.
-NZ_RULES: tuple[NzRule, ...] = (
-    NzRule(("0.11.0rc0",), "ops.common_fused_moe:process_weights_after_loading",
-           "always on non-310P (no environment check)", env_values=None),
-    NzRule(("0.11.0rc1", "0.11.0rc2"), "utils:is_enable_nz()",
-           "VLLM_ASCEND_ENABLE_NZ != 0 (default 1): NZ by default"),
-    NzRule(("0.11.0rc3",), "utils:is_enable_nz(dtype)", "never for fp16/bf16", never=True),
-    NzRule(("0.11.0",), "utils:is_enable_nz(dtype)",
-           "only with eagle/eagle3 speculative decoding, then VLLM_ASCEND_ENABLE_NZ != 0", needs_eagle=True),
-    NzRule(("0.12.0rc1",), "utils:is_enable_nz()", "VLLM_ASCEND_ENABLE_NZ != 0 (default 1): NZ by default"),
-    NzRule(("0.13.0rc1", "0.13.0rc2", "0.13.0rc3", "0.13.0", "0.14.0rc1", "0.15.0rc1"), "utils:maybe_trans_nz",
-           "only with VLLM_ASCEND_ENABLE_NZ=2", env_values=(2,)),
-)
-
-
-def nz_rule(vllm_ascend: str) -> NzRule | None:
-    """The :class:`NzRule` of a vllm-ascend release (exact version string), or ``None`` if not in :data:`NZ_RULES`."""
-    for rule in NZ_RULES:
-        if vllm_ascend in rule.releases:
-            return rule
-    return None

@@ -12,10 +12,11 @@ from gptoss_patch.registry import PatchSpec
 
 def all_specs() -> dict[str, PatchSpec]:
     """Every declared patch by name (imports the capability modules; they import nothing heavy)."""
-    from gptoss_patch.patches import aclgraph, attention, moe, rope, weights
+    from gptoss_patch.patches import attention, moe, nz_padding, yarn
+    from gptoss_patch.patches.attention_graph import update as attention_graph
 
     specs: dict[str, PatchSpec] = {}
-    for module in (attention, moe, rope, aclgraph, weights):
+    for module in (attention, moe, yarn, attention_graph, nz_padding):
         for spec in module.PATCHES:
             if spec.name in specs:
                 raise RuntimeError(f"patch name {spec.name!r} declared twice")

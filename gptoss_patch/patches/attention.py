@@ -114,7 +114,7 @@ def _forward_011(wrapped, instance, args, kwargs):
         return wrapped(*args, **kwargs)
     layer = bound["layer"]
     if not _routes_to_us(instance):
-        from gptoss_patch.patches import graph_capture
+        from gptoss_patch.patches.attention_graph import capture as graph_capture
 
         # upstream's code; under a full-graph capture its paged-attention record gets this layer's name
         return graph_capture.run_naming_upstream_records(lambda: getattr(layer, "layer_name", None),
@@ -139,13 +139,13 @@ def _forward_impl(wrapped, instance, args, kwargs):
     it then calls ``forward_impl`` and vLLM reads the ``output`` buffer afterwards (the return value is ignored).
     Layers with sinks or a window are computed here into ``output`` in every state
     (:func:`sink_window_attend`); the others run upstream's ``forward_impl`` unchanged (under a full-graph capture
-    their records are named by layer: :func:`gptoss_patch.patches.graph_capture.run_naming_upstream_records`).
+    their records are named by layer: :func:`gptoss_patch.patches.attention_graph.capture.run_naming_upstream_records`).
 
     Shapes: ``query`` ``[T, N, D]``, ``key``/``value`` ``[T, KV_N, D]`` (the fresh tokens - already in the cache),
     ``output`` ``[T, N, D]``. Returns ``output``.
     """
     bound = _bind_forward_impl(*args, **kwargs)
-    from gptoss_patch.patches import graph_capture
+    from gptoss_patch.patches.attention_graph import capture as graph_capture
 
     if not _routes_to_us(instance):
         return graph_capture.run_naming_upstream_records(lambda: graph_capture.layer_name_of(instance),
@@ -182,7 +182,7 @@ def sink_window_forward(impl: Any, layer: Any, query: Any, key: Any, value: Any,
 
     Raises:
         NotImplementedError: encoder / cross attention (GPT-OSS is decoder-only), or int8 KV cache.
-        gptoss_patch.patches.graph_capture.AclGraphCaptureError: a full-graph capture of a batch that is not DecodeOnly.
+        gptoss_patch.patches.attention_graph.capture.AclGraphCaptureError: a full-graph capture of a batch that is not DecodeOnly.
     """
     import torch
     import torch_npu
@@ -225,7 +225,7 @@ def sink_window_attend(impl: Any, layer_name: Any, query: Any, attn_metadata: An
     reads). A DecodeOnly batch padded to a graph size (fewer real tokens than rows) computes every row - padding rows
     are one-token sequences with KV length 0, i.e. zero rows - as the captured launch does, so eager and graph make
     the same launch and round identically. While a full ACL graph is being captured (FULL_DECODE_ONLY), the attention
-    is captured instead as one updatable task over all ``T`` rows (:func:`gptoss_patch.patches.graph_capture.capture_decode`).
+    is captured instead as one updatable task over all ``T`` rows (:func:`gptoss_patch.patches.attention_graph.capture.capture_decode`).
 
     Metadata fields read (present in ``AscendMetadata`` of every supported release, docs/upstream.md §7.2):
     ``attn_state``, ``num_actual_tokens``, ``actual_seq_lengths_q`` (host list), ``seq_lens_list`` (host list),
@@ -242,10 +242,11 @@ def sink_window_attend(impl: Any, layer_name: Any, query: Any, attn_metadata: An
 
     Raises:
         NotImplementedError: encoder / cross attention, or int8 KV cache.
-        gptoss_patch.patches.graph_capture.AclGraphCaptureError: a full-graph capture of a batch that is not DecodeOnly.
+        gptoss_patch.patches.attention_graph.capture.AclGraphCaptureError: a full-graph capture of a batch that is not DecodeOnly.
     """
     from gptoss_patch.kernels import attention as kernels
-    from gptoss_patch.patches import aclgraph, graph_capture
+    from gptoss_patch.patches.attention_graph import capture as graph_capture
+    from gptoss_patch.patches.attention_graph import update as aclgraph
 
     _check_supported(impl, impl.key_cache)
     num_tokens = query.shape[0]

@@ -52,7 +52,7 @@ class GptOssCheckpointError(ValueError):
 def check_checkpoint(vllm_config: Any) -> None:
     """Stop a GPT-OSS build whose local checkpoint holds a tensor of the wrong shape, naming it.
 
-    Reads only the safetensors headers (:func:`gptoss_patch.checkpoint_shapes.mismatched_shapes`): without this, vLLM fails
+    Reads only the safetensors headers (:func:`gptoss_patch.checkpoints.mismatched_shapes`): without this, vLLM fails
     deep in the loader (``output with shape [8] doesn't match the broadcast shape [8, 8]`` for sinks saved as
     ``[8, 1]``). A model that is not a local directory (nothing to read before vLLM downloads it) is not checked.
 
@@ -62,7 +62,7 @@ def check_checkpoint(vllm_config: Any) -> None:
     model = getattr(getattr(vllm_config, "model_config", None), "model", None)
     if not isinstance(model, str) or not os.path.isfile(os.path.join(model, "config.json")):
         return
-    from gptoss_patch.checkpoint_shapes import mismatched_shapes
+    from gptoss_patch.checkpoints import mismatched_shapes
 
     try:
         wrong = mismatched_shapes(model)
@@ -210,7 +210,7 @@ def refused_in_use(capabilities: dict, vllm_config: Any) -> list[str]:
 
 
 def _mxfp4(model_config: Any) -> bool:
-    from gptoss_patch.patches.mxfp4 import is_gpt_oss_mxfp4
+    from gptoss_patch.checkpoints import is_gpt_oss_mxfp4
 
     hf_config = getattr(model_config, "hf_config", None)
     return hf_config is not None and is_gpt_oss_mxfp4(hf_config)
@@ -250,7 +250,8 @@ def unpatched_in_use(model: Any, patches: Any) -> list[str]:
     Returns:
         One line per (patch, class) found unpatched, naming a layer, the class and the owner of the method.
     """
-    from gptoss_patch.registry import APPLIED, MARKER, split_target
+    from gptoss_patch.fingerprint import split_target
+    from gptoss_patch.registry import APPLIED, MARKER
 
     targets = []
     for p in patches:
@@ -320,14 +321,14 @@ def check_runs(model: Any, status: Any) -> None:
 def check_mxfp4_build(vllm_config: Any, status: Any) -> None:
     """Before a GPT-OSS build (called by the guard): for an MXFP4 checkpoint on a row whose ``checkpoint_mxfp4`` is
     *patched*, both MXFP4 patches must be applied in this process, and a local checkpoint must pass
-    :func:`gptoss_patch.patches.mxfp4.check_files`. (A row that refuses MXFP4 is stopped by the guard's capability check.)
+    :func:`gptoss_patch.checkpoints.check_files`. (A row that refuses MXFP4 is stopped by the guard's capability check.)
 
     Raises:
         GptOssNotPatchedError: an MXFP4 patch is not applied (named, with its reason).
-        gptoss_patch.patches.mxfp4.Mxfp4CheckpointError: the checkpoint's problems, one line per tensor with the
+        gptoss_patch.checkpoints.Mxfp4CheckpointError: the checkpoint's problems, one line per tensor with the
             expected shape.
     """
-    from gptoss_patch.patches.mxfp4 import Mxfp4CheckpointError, check_files, is_gpt_oss_mxfp4
+    from gptoss_patch.checkpoints import Mxfp4CheckpointError, check_files, is_gpt_oss_mxfp4
 
     model_config = getattr(vllm_config, "model_config", None)
     hf_config = getattr(model_config, "hf_config", None)
@@ -342,7 +343,7 @@ def check_mxfp4_build(vllm_config: Any, status: Any) -> None:
         raise GptOssNotPatchedError("\n".join([
             "refusing to build a GPT-OSS model from an MXFP4 checkpoint: the MXFP4 dequantization patches are not "
             "applied in this process (vLLM would reject mxfp4 on NPU or load FP4 bytes as BF16):",
-            *(f"  not applied: {m}" for m in missing or ["mxfp4.*: not registered (decision "
+            *(f"  not applied: {m}" for m in missing or ["checkpoint_mxfp4.*: not registered (decision "
                                                          f"{getattr(status, 'decision', None)})"]),
             "  what to do: run `python -m gptoss_patch.verify`; unset GPTOSS_PATCH_DISABLE, or use a BF16 checkpoint"]))
     model = getattr(model_config, "model", None)

@@ -16,7 +16,7 @@ os.environ["GPTOSS_PATCH_SIMULATE_NPU"] = "1"
 for _k in ("GPTOSS_PATCH_DISABLE", "GPTOSS_PATCH_FORCE"):
     os.environ.pop(_k, None)
 
-from gptoss_patch.testing import npu_sim  # noqa: E402
+from gptoss_patch_testkit import npu_sim  # noqa: E402
 
 npu_sim.install()
 
@@ -50,7 +50,7 @@ def _cost(item) -> float:
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's hook turns the xdist_group marks into node ids
 def pytest_collection_modifyitems(config, items):
-    # Every test of the shared `verify --simulate` run (fixture verify_simulate, ~60 s) goes to one xdist worker;
+    # Every test of the shared testkit `verify` run (fixture verify_simulate, ~60 s) goes to one xdist worker;
     # one test without the mark used to start a second run on the other worker.
     for item in items:
         if "_verify_simulate_run" in getattr(item, "fixturenames", ()):
@@ -97,14 +97,14 @@ def layout():
     return ROW.layout
 
 
-#: Secrets set in the environment of the shared ``verify --simulate`` run: its ``--report`` file must not show them
+#: Secrets set in the environment of the shared `testkit `verify`` run: its ``--report`` file must not show them
 #: (test_selftest.py ``test_the_report_of_the_shared_run_shows_the_stack_and_no_secrets``).
 REPORT_SECRETS = {"VLLM_API_KEY": "sk-do-not-print-1234567890", "HF_TOKEN": "hf_do_not_print"}
 
 
 @pytest.fixture(scope="session")
 def _verify_simulate_run(tmp_path_factory):
-    """``python -m gptoss_patch.verify --simulate --selftest --json --report FILE``, run once per test process (with
+    """``python -m gptoss_patch_testkit.verify --selftest --json --report FILE``, run once per test process (with
     :data:`REPORT_SECRETS` and ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` in its environment):
     ``(CompletedProcess, report, Markdown report text or None if verify wrote no file)``.
 
@@ -114,23 +114,23 @@ def _verify_simulate_run(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("verify") / "report.md"
     env = dict(os.environ, VLLM_WORKER_MULTIPROC_METHOD="spawn", **REPORT_SECRETS)
-    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--simulate", "--selftest", "--json",
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch_testkit.verify", "--selftest", "--json",
                            "--report", str(path)], capture_output=True, text=True, env=env, timeout=2400)
     try:
         report = json.loads(proc.stdout)
     except ValueError:
-        raise AssertionError(f"verify --simulate --json printed no JSON (rc {proc.returncode}): "
+        raise AssertionError(f"testkit verify --json printed no JSON (rc {proc.returncode}): "
                              f"{proc.stdout[-2000:]} {proc.stderr[-3000:]}") from None
     return proc, report, (path.read_text() if path.is_file() else None)
 
 
 @pytest.fixture(scope="session")
 def verify_simulate(_verify_simulate_run):
-    """``python -m gptoss_patch.verify --simulate --selftest --json`` (with ``--report``: :func:`verify_simulate_md`),
+    """``python -m gptoss_patch_testkit.verify --selftest --json`` (with ``--report``: :func:`verify_simulate_md`),
     run once per test process: ``(CompletedProcess, report)``.
 
     Shared by test_main_job (its ``main_job`` part), test_activation (status and children: what ``verify --json``
-    reports, since the cell already simulates the NPU; ``--simulate`` adds the main job only) and test_selftest (its
+    reports, since the cell already simulates the NPU; the testkit's verify adds the main job only) and test_selftest (its
     ``selftest`` part and the report file). ``pytest_collection_modifyitems`` gives every test that uses it the
     ``xdist_group("verify")`` mark, so under ``pytest -n --dist loadgroup`` one worker runs it once."""
     return _verify_simulate_run[:2]
@@ -162,7 +162,8 @@ _QUERY_ON_HOST = """
 import dataclasses, json
 import vllm_ascend  # noqa: F401 - activation through the .pth
 from gptoss_patch import selftest
-from gptoss_patch.testing import attention_case, native_015
+from gptoss_patch.selftest import attention as attention_case
+from gptoss_patch.selftest import native as native_015
 
 
 def left_on_host(build):

@@ -33,12 +33,13 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from gptoss_patch.kernels import attention as kernels
-from gptoss_patch.testing import aclgraph_case, attention_case
-from gptoss_patch.testing.aclgraph_case import (BLOCK, KVN, MAX_BLOCKS, MAX_REQS, SCALE, SIZES, WINDOW, D, H,  # noqa: F401
+from gptoss_patch.selftest import attention as attention_case
+from gptoss_patch.selftest import graph as aclgraph_case
+from gptoss_patch.selftest.graph import (BLOCK, KVN, MAX_BLOCKS, MAX_REQS, SCALE, SIZES, WINDOW, D, H,  # noqa: F401
                                                 Harness, N, Toy, _config, _layer_name, batch_descriptor,
                                                 runner_update)
-from gptoss_patch.testing.attention_case import build_case
-from gptoss_patch.testing.npu_sim import graph as G
+from gptoss_patch.selftest.attention import build_case
+from gptoss_patch_testkit.npu_sim import graph as G
 
 import torch_npu  # noqa: E402,F401  (the simulated module, installed by conftest)
 
@@ -219,7 +220,8 @@ def test_piecewise_config_splits_at_the_attention_op(tmp_path, layout):
     """NPUPlatform.check_and_update_config puts the attention op (0.11: vllm-ascend's own; 0.12.0rc1+: vLLM's, via
     ``set_splitting_ops_for_v1``) in splitting_ops for PIECEWISE (so attention runs between captured pieces) and
     clears the list for FULL_DECODE_ONLY."""
-    from gptoss_patch.testing import tiny, vllm_setup
+    from gptoss_patch.selftest import tiny
+    from gptoss_patch.selftest import worker as vllm_setup
 
     tiny.config_for("tiny").save_pretrained(tmp_path)
     op, _ = attention_op(layout)
@@ -356,7 +358,7 @@ UPSTREAM_RECORD_LEN = {"B": 9, "C": 13, "E": 13, "F": 13}
 
 
 def _check_records(ag, hz):
-    from gptoss_patch.patches.aclgraph import GptOssAttnParams, UpstreamAttnParams
+    from gptoss_patch.patches.attention_graph.capture import GptOssAttnParams, UpstreamAttnParams
 
     gp = ag.get_graph_params()
     for size in hz.sizes:
@@ -445,7 +447,7 @@ def test_full_decode_only_default_path_within_rounding(graph_env, cell, pinned_t
 def test_update_pairs_records_by_layer_name(graph_env):
     """Upstream's positional zip over all metadata keys would give the plain layer's record (upstream's only one)
     layer 0's metadata; with per-layer lengths that differs. Ours pairs by name: every output == eager."""
-    from gptoss_patch.patches.aclgraph import GptOssAttnParams
+    from gptoss_patch.patches.attention_graph.capture import GptOssAttnParams
 
     ag = graph_env
     with operator_path("lse"):
@@ -490,7 +492,7 @@ def test_update_issues_no_tensor_work_and_reuses_captured_buffers(graph_env):
 def test_forced_update_failures_name_layer_and_size(graph_env, monkeypatch):
     from vllm.config import CUDAGraphMode
 
-    from gptoss_patch.patches.aclgraph import AclGraphUpdateError
+    from gptoss_patch.patches.attention_graph.capture import AclGraphUpdateError
 
     hz = Harness(["sliding", "plain", "full"], sizes=(4,))
     hz.capture()
@@ -505,7 +507,7 @@ def test_forced_update_failures_name_layer_and_size(graph_env, monkeypatch):
     assert "PIECEWISE" in msg and "cudagraph_mode" in msg and "--enforce-eager" in msg and "stale" in msg
 
     # the operator rejects the re-issued launch
-    G._reset_state()
+    G.reset_state()
     meta = hz.step_metadata([0, 1, 2], 4)
     real = torch_npu.npu_fused_infer_attention_score.out
 
@@ -521,7 +523,7 @@ def test_forced_update_failures_name_layer_and_size(graph_env, monkeypatch):
             hz.update(fc, 4)
 
     # a sequence outgrowing the captured block table
-    G._reset_state()
+    G.reset_state()
     monkeypatch.undo()
     meta = hz.step_metadata([0, 1, 2], 4)
     meta[_layer_name(0)].seq_lens_list[0] = MAX_BLOCKS * BLOCK + 1
@@ -534,7 +536,7 @@ def test_capture_of_non_decode_batch_is_refused(graph_env):
     from vllm.config import CUDAGraphMode
     from vllm_ascend.attention.attention_v1 import AscendAttentionState
 
-    from gptoss_patch.patches.aclgraph import AclGraphCaptureError
+    from gptoss_patch.patches.attention_graph.capture import AclGraphCaptureError
 
     hz = Harness(["sliding"], sizes=(2,))
     from vllm_ascend.compilation.acl_graph import set_graph_params
@@ -573,13 +575,13 @@ def runner_child():
 
     code = textwrap.dedent("""
         import json
-        from gptoss_patch.testing import vllm_setup
+        from gptoss_patch.selftest import worker as vllm_setup
         vllm_setup.importable_model_runner()  # numba stub, worker patches without torchvision
         import vllm_ascend.worker.model_runner_v1 as mr
         import vllm_ascend.spec_decode.eagle_proposer
         import gptoss_patch
-        from gptoss_patch.patches.aclgraph import is_patched, update_entry_points
-        from gptoss_patch.testing.attention_case import installed_layout
+        from gptoss_patch.patches.attention_graph.update import is_patched, update_entry_points
+        from gptoss_patch.selftest.attention import installed_layout
 
         def runner_calls():
             # what NPUModelRunner calls after a FULL replay: its module global update_attn_params (0.11 - 0.13), or
@@ -614,7 +616,7 @@ def test_update_patch_applied_and_bound_in_model_runner(runner_child, layout):
     from gptoss_patch import matrix
 
     assert runner_child["layout"] == layout
-    names = [n for n in matrix.LAYOUT_PATCHES[layout] if n.startswith("aclgraph.")]
+    names = [n for n in matrix.LAYOUT_PATCHES[layout] if n.startswith("attention_graph.")]
     assert len(names) == 1 and runner_child["state"][names[0]] == "applied", runner_child
     assert set(runner_child["places"]) == EXPECTED_UPDATE_PLACES[layout]
     assert all(runner_child["places"].values()), runner_child["places"]

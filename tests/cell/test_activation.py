@@ -63,7 +63,7 @@ def test_fresh_interpreter_applies_and_keeps_sinks(cell, layout, fresh_child):
 
 def test_fingerprint_table_matches_the_installed_release(cell, layout):
     from gptoss_patch import drift
-    from gptoss_patch.registry import fingerprint
+    from gptoss_patch.fingerprint import fingerprint
 
     stored = drift.table()[cell]
     targets = drift.all_targets()
@@ -199,7 +199,7 @@ def test_layer_without_sinks_gets_none_and_bad_sinks_are_rejected_naming_the_lay
 
 
 def test_status_and_verify_json_agree(verify_simulate, fresh_child):
-    # verify_simulate (conftest): the one `verify --simulate --json` run of the session - in a cell, `--simulate`
+    # verify_simulate (conftest): the one `testkit verify --json` run of the session - in a cell, the testkit's verify
     # only adds the main job to what `verify --json` reports (the NPU is simulated process-wide already)
     proc, report = verify_simulate
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

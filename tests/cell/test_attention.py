@@ -12,8 +12,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gptoss_patch.testing import attention_case
-from gptoss_patch.testing.attention_case import (build_case, make_impl,
+from gptoss_patch.selftest import attention as attention_case
+from gptoss_patch.selftest.attention import (build_case, make_impl,
                                                  reference_output, run_forward)
 
 WINDOW = 128

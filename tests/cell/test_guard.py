@@ -44,7 +44,7 @@ def test_the_same_build_on_an_atlas_a2_is_not_refused(a2_child):
 SUBCLASS_RUN = """
 import json, importlib
 import torch
-from gptoss_patch.testing import npu_sim
+from gptoss_patch_testkit import npu_sim
 npu_sim.install()
 import gptoss_patch
 from gptoss_patch.patches import guard
@@ -121,12 +121,12 @@ def test_a_wrong_shaped_checkpoint_tensor_is_named_before_loading(a2_child):
 
 CONTEXT_PARALLEL = """
 import json, sys
-from gptoss_patch.testing import npu_sim
+from gptoss_patch_testkit import npu_sim
 npu_sim.install()
 import gptoss_patch
 from gptoss_patch.patches import guard
-from gptoss_patch.testing import vllm_setup
-from gptoss_patch.testing.tiny import write_checkpoint
+from gptoss_patch.selftest import worker as vllm_setup
+from gptoss_patch.selftest.tiny import write_checkpoint
 ckpt = write_checkpoint(sys.argv[1], preset="tiny", seed=0, tokenizer=False)
 out = {}
 for label, extra in (("tp2", {}), ("tp2_dcp2", {"decode_context_parallel_size": 2})):

@@ -1,13 +1,13 @@
 """Every PatchSpec of this cell's layout (and the guard) on the real targets: import-then-activate and
 activate-then-import, activate twice, deactivate restores the targets and the by-value names, the marker is on the
-wrapper only (``gptoss_patch.testing.lifecycle``)."""
+wrapper only (``gptoss_patch_testkit.lifecycle``)."""
 
 import pytest
 
 from conftest import ROW
 from gptoss_patch import matrix
 from gptoss_patch.patches import all_specs
-from gptoss_patch.testing import lifecycle
+from gptoss_patch_testkit import lifecycle
 
 
 @pytest.mark.parametrize("order", lifecycle.ORDERS)

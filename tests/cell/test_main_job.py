@@ -11,15 +11,15 @@ import sys
 import pytest
 
 from gptoss_patch import matrix
-from gptoss_patch.testing import main_job
+from gptoss_patch_testkit.jobs import main_job
 
 BUILD_MODEL = """
 import os, sys
-from gptoss_patch.testing import npu_sim
+from gptoss_patch_testkit import npu_sim
 npu_sim.install()
 {prelude}
-from gptoss_patch.testing.tiny import write_checkpoint
-from gptoss_patch.testing.runner import ascend_context
+from gptoss_patch.selftest.tiny import write_checkpoint
+from gptoss_patch_testkit.jobs.runner import ascend_context
 ckpt = write_checkpoint(sys.argv[1], preset="tiny", seed=0, tokenizer=False)
 with ascend_context(ckpt) as cfg:
     from vllm.model_executor.model_loader import get_model_loader
@@ -36,10 +36,10 @@ with ascend_context(ckpt) as cfg:
 WINDOW_RUN = """
 import json, sys
 import torch
-from gptoss_patch.testing import npu_sim
+from gptoss_patch_testkit import npu_sim
 npu_sim.install()
-from gptoss_patch.testing.tiny import write_checkpoint
-from gptoss_patch.testing.runner import NULL_BLOCK, SimulatedGptOss, ascend_context, reference_generate
+from gptoss_patch.selftest.tiny import write_checkpoint
+from gptoss_patch_testkit.jobs.runner import NULL_BLOCK, SimulatedGptOss, ascend_context, reference_generate
 ckpt = write_checkpoint(sys.argv[1], preset="tiny", seed=0, tokenizer=False)
 gen = torch.Generator().manual_seed(7)
 prompts = [torch.randint(0, 200000, (n,), generator=gen).tolist() for n in (300, 281)]
@@ -96,7 +96,7 @@ def _result(proc, tag):
 
 
 def test_verify_simulate_runs_the_main_job_and_every_token_matches(layout, verify_simulate):
-    proc, report = verify_simulate  # conftest: one verify --simulate --json run, shared with test_activation
+    proc, report = verify_simulate  # conftest: one testkit verify --json run, shared with test_activation
     for mode, job in report.get("main_job", {}).items():  # the measured numbers (shown by pytest -rA)
         print(f"{mode}: layout {job.get('layout')}, seconds {job.get('seconds')}, graph replays "
               f"{job.get('graph_steps')} (sizes {job.get('captured_sizes')}), max |logit diff| "
@@ -183,7 +183,7 @@ def test_guard_names_the_patch_that_failed(tmp_path):
                           capture_output=True, text=True, timeout=900, env=_env())
     result = _result(proc, "GUARD-RESULT")
     assert result.startswith("GptOssNotPatchedError")
-    assert "not applied: rope.yarn_truncate" in result and "structural check failed" in result
+    assert "not applied: yarn.truncate" in result and "structural check failed" in result
     assert "attention.keep_sinks" not in result  # the applied ones are not listed
 
 

@@ -2,11 +2,11 @@
 
 Layers are built the way vLLM builds them: the real ``vllm...fused_moe.FusedMoE(...)`` with the arguments of vLLM's
 ``gpt_oss.py`` ``MLPBlock`` (vllm-ascend's ``register_ascend_customop`` turns it into ``AscendFusedMoE``), inside the
-worker state of :mod:`gptoss_patch.testing.vllm_setup`, and run through vllm-ascend's forward context and MoE
+worker state of :mod:`gptoss_patch.selftest.worker`, and run through vllm-ascend's forward context and MoE
 communication methods on the CPU NPU simulator. One test loads a whole tiny model through vLLM's own weight loader.
 
 Every apply cell runs this file (layouts B, C, E, F of ``gptoss_patch.matrix``): the MoE modules are the layout's
-targets (:func:`gptoss_patch.testing.moe_case.moe_modules`: ``ops.common_fused_moe`` + ``ops.moe.*`` in 0.11.x,
+targets (:func:`gptoss_patch.selftest.moe.moe_modules`: ``ops.common_fused_moe`` + ``ops.moe.*`` in 0.11.x,
 ``ops.fused_moe.*`` from 0.12.0rc1), ``fused_experts``' ``FusedExpertsResult`` (0.13.0rc2+) is unwrapped, and the
 communication types are the release's own (NaiveMulticast exists only in 0.11.x; 0.12.0rc1 adds FusedAlltoAll,
 0.13.0+ FusedMC2). Float32 layers are built with ``VLLM_ASCEND_ENABLE_NZ=0`` where the release would NZ-cast float32
@@ -36,12 +36,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptoss_patch.testing import vllm_setup
-from gptoss_patch.testing.moe_case import (COMM_TYPES, FUSED_COMM_TYPES, TOP_K, Weights,  # noqa: F401
+from gptoss_patch.selftest import worker as vllm_setup
+from gptoss_patch.selftest.moe import (COMM_TYPES, FUSED_COMM_TYPES, TOP_K, Weights,  # noqa: F401
                                            build_layer, cell_layout, env_var, fp32_nz_off, hf_mlp, make_tokens,
                                            make_weights, moe_modules, reference, rel_err, routed_out, run_layer,
                                            select_moe_comm_type, set_default_torch_dtype)
-from gptoss_patch.testing.tiny import write_checkpoint
+from gptoss_patch.selftest.tiny import write_checkpoint
 
 H_SMALL, I_SMALL = 64, 96  # small dims
 H_120B, I_120B_RANK = 2880, 360  # gpt-oss-120b hidden size; expert intermediate 2880 / TP 8
@@ -86,7 +86,7 @@ def configs(ckpt):
 
 @pytest.fixture(scope="session")
 def mods(layout):
-    """The cell's MoE modules (:class:`gptoss_patch.testing.moe_case.MoEModules`)."""
+    """The cell's MoE modules (:class:`gptoss_patch.selftest.moe.MoEModules`)."""
     return moe_modules(layout)
 
 
@@ -293,7 +293,7 @@ def test_gpt_oss_120b_per_rank_dims(configs, cell, dtype):
     ``VLLM_ASCEND_ENABLE_NZ=2``) they stay ND at 360. Either way the output matches transformers."""
     import torch_npu
 
-    from gptoss_patch.kernels.padding import nz_rule
+    from gptoss_patch.matrix import nz_rule
 
     nz = dtype == torch.bfloat16 and nz_rule(cell).casts(env_value=1)
     inter = 368 if nz else I_120B_RANK
@@ -419,7 +419,7 @@ def test_communication_methods_that_run_on_one_cpu_rank(configs, method, ep):
 @pytest.mark.parametrize("with_prefill", [False, True], ids=["decode", "prefill"])
 def test_runner_selected_method_on_the_simulated_a2(configs, layout, ep, with_prefill):
     """What the release's model runner picks on the simulated Atlas A2 with one rank (:data:`RUNNER_CHOICE`), computed
-    by upstream's own selection code (:func:`gptoss_patch.testing.moe_case.select_moe_comm_type`), and that it runs."""
+    by upstream's own selection code (:func:`gptoss_patch.selftest.moe.select_moe_comm_type`), and that it runs."""
     cfg = configs("fp32_ep" if ep else "fp32")
     with vllm_setup.ascend_context(vllm_config=cfg):
         chosen = select_moe_comm_type(cfg, 8, with_prefill)
@@ -464,10 +464,10 @@ def test_all_to_all_method(configs, monkeypatch):
     """All2All (A3's choice with expert parallel) through vllm-ascend's own dispatcher equals transformers.
 
     The dispatcher counts tokens per expert with ``torch.histc`` on int32 expert ids (the device's aclnnHistc takes
-    INT32; the simulator emulates it, ``npu_sim.ops.misc.integer_histc``, spied here) and exchanges them with
+    INT32; the simulator emulates it, ``npu_sim.aten.integer_histc``, spied here) and exchanges them with
     ``async_all_to_all``, which allocates with ``device=torch.npu.current_device()`` inside vLLM's ``moe_forward``
     custom op (the simulator maps custom-op kernels' devices too: docs/simulator.md)."""
-    from gptoss_patch.testing.npu_sim.ops import misc
+    from gptoss_patch_testkit.npu_sim import aten as misc
 
     seen = []
     real = misc.integer_histc

@@ -15,10 +15,10 @@ from gptoss_patch import matrix
 
 BUILD = """
 import sys
-from gptoss_patch.testing import npu_sim
+from gptoss_patch_testkit import npu_sim
 npu_sim.install()
-from gptoss_patch.testing.tiny import write_checkpoint
-from gptoss_patch.testing.runner import ascend_context
+from gptoss_patch.selftest.tiny import write_checkpoint
+from gptoss_patch_testkit.jobs.runner import ascend_context
 ckpt = write_checkpoint(sys.argv[1], preset="tiny-mxfp4", seed=0, tokenizer=False, quantization="mxfp4")
 if len(sys.argv) > 2:  # truncate the shard by N bytes (an interrupted download)
     path = ckpt / "model.safetensors"
@@ -49,7 +49,7 @@ def _result(proc, tag):
 
 @pytest.mark.expensive(28)
 def test_main_job_on_an_mxfp4_checkpoint_matches_transformers(layout, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.testing.main_job", "--checkpoint", "mxfp4", "--json",
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch_testkit.jobs.main_job", "--checkpoint", "mxfp4", "--json",
                            "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=1800, env=_env())
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     print(f"mxfp4 main job: layout {report['layout']}, seconds {report['seconds']}, max |logit diff| "
@@ -62,7 +62,7 @@ def test_main_job_on_an_mxfp4_checkpoint_matches_transformers(layout, tmp_path):
         assert c["compared"] == 32 and c["matched"] == c["compared"], c
         assert c["max_logit_diff"] <= report["logit_tolerance"], c
     mx = report["status"]["details"]["checkpoint_mxfp4"]
-    assert sorted(mx) == ["mxfp4.dequantize_load", "mxfp4.unquantized_config"]
+    assert sorted(mx) == ["checkpoint_mxfp4.dequantize_load", "checkpoint_mxfp4.unquantized_config"]
     assert all(state.startswith("applied") for state in mx.values()), mx
     assert report["status"]["capabilities"]["checkpoint_mxfp4"]["state"] == matrix.PATCHED
     assert report["evidence"] == ["attention", "moe", "mxfp4"]  # the dequantizing loader and the patched paths ran
@@ -94,9 +94,9 @@ def test_every_rank_loads_what_vllms_bf16_loader_loads_from_transformers_dequant
     """vLLM's real GptOssModel.load_weights as each rank of TP 2 and TP 4 (intermediate 96: the rank boundaries cut
     MXFP4 blocks) and of EP 2, on the MXFP4 tensors (through our patch) and on transformers' BF16 dequantization of the
     same tensors (vLLM's own BF16 path): the expert parameters are equal bit for bit and nothing is left unset. On vLLM
-    0.11.0 EP loads only through ``checkpoint.ep_expert_range`` (``load_weights`` passes ``(ep_rank_end,
+    0.11.0 EP loads only through ``checkpoint_bf16.ep_expert_range`` (``load_weights`` passes ``(ep_rank_end,
     ep_rank_start)`` to ``_load_weights_other(ep_rank_start, ep_rank_end, ...)``; unpatched, each rank slices
     ``weight[end:start]``, empty: tests/cell/test_serve_more.py shows that failure through ``vllm serve``)."""
-    from gptoss_patch.testing.mxfp4_case import check_every_rank
+    from gptoss_patch_testkit.mxfp4_case import check_every_rank
 
     check_every_rank()

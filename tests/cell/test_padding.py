@@ -6,7 +6,7 @@ processed by the *patched* ``AscendUnquantizedFusedMoEMethod.process_weights_aft
 upstream's transpose and NZ cast) and run through the patched apply path (``gptoss_patch.patches.moe``) and the
 simulator's ``npu_grouped_matmul``, which enforces the NZ rule (``k % 16``, ``n % 16`` for bf16).
 
-Every apply cell runs this file against its own wheel's NZ decision (``gptoss_patch.kernels.padding.NZ_RULES``,
+Every apply cell runs this file against its own wheel's NZ decision (``gptoss_patch.matrix.NZ_RULES``,
 checked against the wheel by :func:`test_installed_wheel_nz_rule`):
 
 * 0.11.0 decides with ``is_enable_nz(dtype)``: ``_ENABLE_NZ = VLLM_ASCEND_ENABLE_NZ`` (and not qwen3_next), and for
@@ -42,12 +42,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from gptoss_patch.kernels.padding import nz_rule
-from gptoss_patch.testing import vllm_setup
-from gptoss_patch.testing.moe_case import (TOP_K, Weights, cell_layout, make_tokens, make_weights,  # noqa: F401
+from gptoss_patch.matrix import nz_rule
+from gptoss_patch.selftest import worker as vllm_setup
+from gptoss_patch.selftest.moe import (TOP_K, Weights, cell_layout, make_tokens, make_weights,  # noqa: F401
                                            moe_modules, reference, rel_err, select_moe_comm_type,
                                            set_default_torch_dtype)
-from gptoss_patch.testing.tiny import write_checkpoint
+from gptoss_patch.selftest.tiny import write_checkpoint
 
 H_120B, I_120B_RANK = 2880, 360  # gpt-oss-120b hidden size; expert intermediate 2880 / TP 8
 PADDED = 368
@@ -100,13 +100,13 @@ def assert_matches_oracle(out, w, x, dtype):
 
 @pytest.fixture(scope="session")
 def mods(layout):
-    """The cell's MoE modules (:class:`gptoss_patch.testing.moe_case.MoEModules`)."""
+    """The cell's MoE modules (:class:`gptoss_patch.selftest.moe.MoEModules`)."""
     return moe_modules(layout)
 
 
 @pytest.fixture(scope="session")
 def rule(cell):
-    """The cell's :class:`gptoss_patch.kernels.padding.NzRule`."""
+    """The cell's :class:`gptoss_patch.matrix.NzRule`."""
     r = nz_rule(cell)
     assert r is not None, f"no NZ rule recorded for {cell}"
     return r
@@ -248,21 +248,21 @@ def test_patch_is_applied_to_the_release_method(mods, layout):
     from gptoss_patch import matrix
 
     states = {p.name: (p.state, p.target) for p in gptoss_patch.status().patches}
-    assert states["weights.pad_moe_intermediate"] == ("applied", matrix.LAYOUTS[layout]["moe_unquant_process_weights"])
+    assert states["nz_padding.pad_moe_intermediate"] == ("applied", matrix.LAYOUTS[layout]["moe_unquant_process_weights"])
     attr = mods.method_cls.__dict__["process_weights_after_loading"]
-    assert getattr(attr, "_self_gptoss_patch_name", None) == "weights.pad_moe_intermediate"
+    assert getattr(attr, "_self_gptoss_patch_name", None) == "nz_padding.pad_moe_intermediate"
 
 
 @pytest.mark.parametrize("mode, eagle", [(0, False), (1, False), (2, False), (0, True), (1, True), (2, True)])
 def test_installed_wheel_nz_rule(configs, mods, rule, mode, eagle):
     """The wheel's own ``process_weights_after_loading`` NZ-casts bf16 experts exactly where
-    ``gptoss_patch.kernels.padding.NZ_RULES`` says for this release (docs/upstream.md §4.10), float32 experts never
+    ``gptoss_patch.matrix.NZ_RULES`` says for this release (docs/upstream.md §4.10), float32 experts never
     except where ``is_enable_nz`` decides (0.11.x, 0.12.0rc1: float32 is cast exactly when bf16 is; 0.13.0+'s
-    ``maybe_trans_nz`` keeps float32 in ND), and :func:`gptoss_patch.patches.weights.upstream_nz_cast` (what the
+    ``maybe_trans_nz`` keeps float32 in ND), and :func:`gptoss_patch.patches.nz_padding.upstream_nz_cast` (what the
     padding decides on) gives the same answers. Aligned layer (I = 96), padding off."""
     import vllm_ascend.utils as vu
 
-    from gptoss_patch.patches.weights import upstream_nz_cast
+    from gptoss_patch.patches.nz_padding import upstream_nz_cast
 
     cfg = configs("bf16")
     w = make_weights(4, 64, 96, seed=4).rounded(torch.bfloat16)
@@ -517,12 +517,12 @@ def test_whole_model_through_vllms_loader_with_nz(ckpt, configs, mods, nz_on):
 
 def test_verify_model_option(tmp_path, capsys, monkeypatch, cell, rule):
     """``python -m gptoss_patch.verify --model DIR --tensor-parallel-size N`` on a gpt-oss-120b config.json: the
-    checkpoint report (:func:`gptoss_patch.ops.checkpoint.moe_padding_facts`, the one answer) states the per-rank
+    checkpoint report (:func:`gptoss_patch.tools.checkpoint.moe_padding_facts`, the one answer) states the per-rank
     intermediate, its padded size and the cell's NZ rule (0.11.0: only with eagle; 0.12.0rc1: yes by default; 0.13.0+:
     no unless ``VLLM_ASCEND_ENABLE_NZ=2``)."""
     from gptoss_patch import verify
-    from gptoss_patch.ops.checkpoint import moe_padding_facts
-    from gptoss_patch.testing.tiny import config_for
+    from gptoss_patch.tools.checkpoint import moe_padding_facts
+    from gptoss_patch.selftest.tiny import config_for
 
     config_for("120b-rank", num_hidden_layers=36, num_local_experts=128).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())

@@ -12,10 +12,10 @@ from pathlib import Path
 
 CHECK = """
 import json, sys
-from gptoss_patch import _activation, matrix
+from gptoss_patch import matrix, pairing
 row = next(r for r in matrix.ROWS if r.vllm_ascend == sys.argv[1])
-d = matrix.decide(row.vllm_ascend, row.vllm + ".post7", structural_check=_activation._structural_check)
-print(json.dumps({"vllm_side": _activation.vllm_structural_check(), "verdict": d.verdict, "reason": d.reason}))
+d = matrix.decide(row.vllm_ascend, row.vllm + ".post7", structural_check=pairing.structural_check)
+print(json.dumps({"vllm_side": pairing.vllm_structural_check(), "verdict": d.verdict, "reason": d.reason}))
 """
 
 

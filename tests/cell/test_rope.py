@@ -25,8 +25,8 @@ import contextlib
 import pytest
 import torch
 
-from gptoss_patch.testing import vllm_setup
-from gptoss_patch.testing.tiny import write_checkpoint
+from gptoss_patch.selftest import worker as vllm_setup
+from gptoss_patch.selftest.tiny import write_checkpoint
 
 HEAD_DIM = 64
 CACHE_TOL = 1e-6
@@ -115,8 +115,8 @@ def test_rope_patch_applied(layout):
 
     cls = yarn_class()  # imports vllm_ascend: activation and the patch happen on that import
     states = {p.name: (p.state, p.target) for p in gptoss_patch.status().patches}
-    assert states["rope.yarn_truncate"] == ("applied", matrix.LAYOUTS[layout]["yarn_rope_init"])
-    assert getattr(cls.__dict__["__init__"], "_self_gptoss_patch_name", None) == "rope.yarn_truncate"
+    assert states["yarn.truncate"] == ("applied", matrix.LAYOUTS[layout]["yarn_rope_init"])
+    assert getattr(cls.__dict__["__init__"], "_self_gptoss_patch_name", None) == "yarn.truncate"
 
 
 # ------------------------------------------------------------------------------------------------------ vs transformers
@@ -147,7 +147,7 @@ def test_rotation_matches_transformers(model, cfg, hf_config):
     cos, sin = GptOssRotaryEmbedding(hf_config)(q, positions[None])
     q_ref, k_ref = apply_rotary_pos_emb(q.view(1, -1, heads, HEAD_DIM).transpose(1, 2),
                                         k.view(1, -1, kv_heads, HEAD_DIM).transpose(1, 2), cos, sin)
-    from gptoss_patch.testing.moe_case import select_moe_comm_type
+    from gptoss_patch.selftest.moe import select_moe_comm_type
 
     n = positions.numel()
     with vllm_setup.ascend_context(vllm_config=cfg), vllm_setup.forward_context(

@@ -1,7 +1,7 @@
 """``verify --selftest`` in a patched cell (layouts B, C, E, F): every case runs through the patched vllm-ascend code
 and meets its stated tolerance against transformers; an operator deviation injected into the simulator
 (``GPTOSS_PATCH_SIM_FAULT``: the 129-key band of ``sparse_mode 4``, a dropped ``learnable_sink``) makes it exit 1 and
-name exactly the cases that deviation breaks (gptoss_patch/selftest.py states the cases and tolerances)."""
+name exactly the cases that deviation breaks (gptoss_patch/selftest/__init__.py states the cases and tolerances)."""
 
 import pytest
 
@@ -19,7 +19,7 @@ EXPECTED |= {"moe/swigluoai_biases/120b_tp8_rank/unpadded_360_nd", "moe/swigluoa
 
 
 def test_verify_simulate_selftest_passes_every_case(verify_simulate):
-    proc, report = verify_simulate  # conftest: the one `verify --simulate --selftest --json` run of the session
+    proc, report = verify_simulate  # conftest: the one `testkit verify --selftest --json` run of the session
     st = report["selftest"]
     assert proc.returncode == 0, (report["problems"], st["failed"])
     assert {c["case"] for c in st["cases"]} == EXPECTED
@@ -95,7 +95,7 @@ def test_injected_dropped_sink_fails_the_v2_cases_and_the_report_says_so(tmp_pat
 
 
 def test_the_report_of_the_shared_run_shows_the_stack_and_no_secrets(verify_simulate, verify_simulate_md, cell):
-    """The ``--report`` file of the shared ``verify --simulate --selftest`` run (conftest ``_verify_simulate_run``,
+    """The ``--report`` file of the shared ``testkit verify --selftest`` run (conftest ``_verify_simulate_run``,
     with an API key and a hub token in its environment), read back: versions, decision, patches with drift, the
     self-test table, activation per process kind (this process and its three children), the environment without
     secrets."""

@@ -3,7 +3,7 @@
 Each test starts the user's own command - ``vllm serve <tiny GPT-OSS>`` with PIECEWISE ACL graphs, with
 FULL_DECODE_ONLY graphs, or eager - asks it over HTTP (harmony chat completions and raw completions: a prompt past the
 128-token window, a prefix-cache hit, a chunked prefill) and compares every generated token, and its log-probability,
-with transformers' ``GptOssForCausalLM`` in float32 (:mod:`gptoss_patch.testing.serve_job`). The unpatched server
+with transformers' ``GptOssForCausalLM`` in float32 (:mod:`gptoss_patch_testkit.jobs.serve_job`). The unpatched server
 and the official MXFP4 layout: tests/cell/test_serve_more.py (the 0.11.0 cell).
 
 At tensor parallel 2 (vLLM's multiprocessing executor, one worker process per rank, started with ``spawn`` as ``vllm
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from gptoss_patch.testing import serve_job
+from gptoss_patch_testkit.jobs import serve_job
 
 WORKDIR = Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job"
 

@@ -7,14 +7,14 @@ other cells' tests cover without a server):
 * the tiny model in the official MXFP4 layout is dequantized while loading and answers with transformers' tokens;
 * tensor parallel 2 with FULL_DECODE_ONLY graphs and workers started by ``fork`` (the other start method), and
   through vLLM's Ray executor (a local Ray head);
-* expert parallel 2, which vLLM 0.11.0 loads only through ``checkpoint.ep_expert_range`` (and not at all without it),
+* expert parallel 2, which vLLM 0.11.0 loads only through ``checkpoint_bf16.ep_expert_range`` (and not at all without it),
   on the simulated Atlas A2 (AllGather) and Atlas A3 (MC2 for decode, All2All for prefill).
 """
 
 import pytest
 from test_serve import WORKDIR, _checks
 
-from gptoss_patch.testing import serve_job
+from gptoss_patch_testkit.jobs import serve_job
 
 
 def _every_token_matches(report: serve_job.ServeReport) -> None:
@@ -69,7 +69,7 @@ def test_vllm_serve_tensor_parallel_2_full_decode_only_fork():
 @pytest.mark.expensive(70)
 def test_vllm_serve_expert_parallel_2():
     """``--tensor-parallel-size 2 --enable-expert-parallel`` (EP 2; vllm-ascend's AllGather dispatcher, which it selects
-    without MC2 at this world size): vLLM 0.11.0 loads each rank's experts through ``checkpoint.ep_expert_range`` and
+    without MC2 at this world size): vLLM 0.11.0 loads each rank's experts through ``checkpoint_bf16.ep_expert_range`` and
     the server answers with transformers' tokens.
 
     vllm-ascend's AllGather dispatcher multiplies rows of the grouped matmul's output that the operator never wrote by
@@ -114,7 +114,7 @@ def test_vllm_serve_tensor_parallel_2_ray():
     Ray actors in Ray's own worker processes, started by the raylet - the patch reaches them through the ``.pth``
     hook, each logs its activation and its patched forwards, and the tokens equal transformers'. ``RAY_DEDUP_LOGS=0``:
     Ray would otherwise fold the ranks' identical log lines into one."""
-    from gptoss_patch.ops import tokenizer
+    from gptoss_patch.tools import tokenizer
 
     env = serve_job.serve_env(tokenizer.prepare(WORKDIR / "vocab").env, RAY_DEDUP_LOGS="0")
     with serve_job.ray_head(env) as address:
@@ -137,7 +137,7 @@ def test_vllm_serve_tensor_parallel_2_ray():
 @pytest.mark.expensive(40)
 def test_unpatched_expert_parallel_does_not_load():
     """The same EP 2 server with every patch off (guard overridden): vLLM 0.11.0's loader slices every expert tensor
-    empty and the engine stops at start-up - the defect ``checkpoint.ep_expert_range`` fixes."""
+    empty and the engine stops at start-up - the defect ``checkpoint_bf16.ep_expert_range`` fixes."""
     report = serve_job.run(WORKDIR, mode="eager", max_tokens=4, checkpoint_format="bf16-tp2", tensor_parallel_size=2,
                            extra_args=["--enable-expert-parallel"], startup_timeout=600,
                            extra_env={"GPTOSS_PATCH_DISABLE": "1", "GPTOSS_PATCH_ALLOW_UNPATCHED": "1"})

@@ -25,7 +25,8 @@ def clean_env(**extra):
 
 @pytest.fixture
 def bare_site(tmp_path):
-    """A fresh venv (no pip) whose site-packages holds a copy of gptoss_patch and its .pth, as the wheel installs.
+    """A fresh venv (no pip) whose site-packages holds a copy of gptoss_patch, its .pth and hook module, as the wheel
+    installs.
 
     Returns (python, site_packages). Tests may edit the copy (fault injection) without touching the checkout.
     """
@@ -36,4 +37,6 @@ def bare_site(tmp_path):
                                check=True, capture_output=True, text=True).stdout.strip())
     shutil.copytree(ROOT / "gptoss_patch", site / "gptoss_patch", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "gptoss_patch.pth", site / "gptoss_patch.pth")
+    for hook in ("_gptoss_patch_hook.py", "_gptoss_patch_hook_loader.py"):
+        shutil.copy(ROOT / hook, site / hook)
     return py, site

@@ -19,7 +19,7 @@ def test_pth_imports_nothing_heavy_at_start_up(bare_site):
     proc = subprocess.run([str(py), "-X", "importtime", "-c", "pass"], capture_output=True, text=True,
                           env=clean_env(), timeout=60)
     names = [line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")]
-    assert "gptoss_patch._bootstrap" in names  # the .pth is live
+    assert "_gptoss_patch_hook" in names  # the .pth is live
     imported_heavy = [n for n in names if n.split(".")[0] in {h.split(".")[0] for h in HEAVY} and
                       any(n == h or n.startswith(h + ".") for h in HEAVY)]
     assert imported_heavy == []
@@ -30,8 +30,8 @@ def test_configuration_module_is_read_only_when_a_variable_is_set(bare_site):
     (nothing set) reads the environment and imports nothing of ours beyond the bootstrap."""
     py, _ = bare_site
     plain = _imported_at_start_up(py)
-    assert "gptoss_patch._bootstrap" in plain and not any(n.startswith("gptoss_patch.") and n != "gptoss_patch._bootstrap"
-                                                         for n in plain)
+    assert "_gptoss_patch_hook" in plain and not any(n == "gptoss_patch" or n.startswith("gptoss_patch.")
+                                                     for n in plain)  # not even the package
     set_ = subprocess.run([str(py), "-X", "importtime", "-c", "pass"], capture_output=True, text=True,
                           env=clean_env(GPTOSS_PATCH_FORCE="0"), timeout=60)
     assert "gptoss_patch.config" in set_.stderr and set_.returncode == 0
@@ -39,8 +39,8 @@ def test_configuration_module_is_read_only_when_a_variable_is_set(bare_site):
 
 def test_finder_installed_and_waiting(bare_site):
     py, _ = bare_site
-    proc = run(py, "import sys; print([type(f).__name__ for f in sys.meta_path])")
-    assert "_ActivateOnImport" in proc.stdout and proc.stderr == ""
+    proc = run(py, "import sys; print([getattr(f, '__name__', type(f).__name__) for f in sys.meta_path])")
+    assert proc.stdout.startswith("['_gptoss_patch_hook',") and proc.stderr == ""  # the hook module is the finder
 
 
 def test_disable_patches_nothing_but_keeps_the_guard_armed(bare_site, tmp_path):
@@ -74,9 +74,9 @@ def _deps_path(tmp_path):
 
 def test_fault_inside_the_bootstrap_never_breaks_start_up(bare_site):
     py, site = bare_site
-    boot = site / "gptoss_patch" / "_bootstrap.py"
+    boot = site / "_gptoss_patch_hook.py"
     src = boot.read_text()
-    needle = '        if _flag("GPTOSS_PATCH_SIMULATE_NPU"):'
+    needle = '        sys.meta_path.insert(0, sys.modules[__name__])'
     assert needle in src
     boot.write_text(src.replace(needle, '        raise RuntimeError("injected fault")\n' + needle))
     proc = run(py, "print(1)")
@@ -93,8 +93,9 @@ def _imported_at_start_up(py):
 
 @pytest.mark.parametrize("leftover", [False, True], ids=["package-gone", "stray-directory-left"])
 def test_orphaned_pth_is_silent_and_imports_nothing(bare_site, leftover):
-    """gptoss_patch.pth left in site-packages without the package (issue 17): no traceback in every python run,
-    and the line costs no extra import (the package's absence is learnt from the failing import itself)."""
+    """gptoss_patch.pth and its hook module left in site-packages without the package (issue 17): no traceback in
+    every python run, and nothing is imported beyond the hook module (the package is looked for only when
+    vllm_ascend is first imported)."""
     import shutil
 
     py, site = bare_site
@@ -106,9 +107,51 @@ def test_orphaned_pth_is_silent_and_imports_nothing(bare_site, leftover):
         (site / "gptoss_patch" / "notes.txt").write_text("left behind\n")
     proc = run(py, "print(1)")
     assert proc.returncode == 0 and proc.stdout == "1\n" and proc.stderr == ""
+    # silent with a start-up variable set too (the hook then looks for the package at once), and when vllm_ascend is
+    # imported (the package is looked for then)
+    proc = run(py, "print(1)", GPTOSS_PATCH_DISABLE="1")
+    assert proc.returncode == 0 and proc.stdout == "1\n" and proc.stderr == ""
+    fake = site.parent / "src" / "vllm_ascend"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("VALUE = 7\n")
+    proc = run(py, "import vllm_ascend; print(vllm_ascend.VALUE)", PYTHONPATH=str(fake.parent))
+    assert proc.returncode == 0 and proc.stdout == "7\n" and proc.stderr == ""
     with_pth = _imported_at_start_up(py)
     (site / "gptoss_patch.pth").unlink()
-    assert with_pth - _imported_at_start_up(py) <= {"gptoss_patch", "gptoss_patch._bootstrap"}  # the attempts
+    assert with_pth - _imported_at_start_up(py) == {"_gptoss_patch_hook"}
+
+
+def test_an_image_that_ships_bytecode_only_still_activates(bare_site, tmp_path):
+    """``compileall -b`` then the sources removed (some container images do): the first lookup of vllm_ascend runs the
+    hook's loader from its .pyc, and activation happens as with sources."""
+    import compileall
+
+    py, site = bare_site
+    compileall.compile_dir(str(site), quiet=1, legacy=True)
+    for src in [site / "_gptoss_patch_hook.py", site / "_gptoss_patch_hook_loader.py",
+                *(site / "gptoss_patch").rglob("*.py")]:
+        src.unlink()
+    path = _fake_stack(tmp_path)
+    proc = run(py, "import vllm_ascend, gptoss_patch; print(vllm_ascend.ACTIVE, gptoss_patch.status().sources)",
+               PYTHONPATH=path)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.split(None, 1) == ["True", "['import-hook']\n"]
+
+
+def test_a_gptoss_patch_folder_in_the_working_directory_does_not_shadow_the_installed_one(bare_site, tmp_path):
+    """The package is first imported at the first vllm_ascend lookup, when sys.path starts with the working directory:
+    a ``gptoss_patch/`` there (a checkout, a copy) must not be the one that activates."""
+    py, site = bare_site
+    path = _fake_stack(tmp_path)
+    work = tmp_path / "work"
+    (work / "gptoss_patch").mkdir(parents=True)
+    (work / "gptoss_patch" / "__init__.py").write_text("raise RuntimeError('the shadowing copy was imported')\n")
+    (work / "_gptoss_patch_hook_loader.py").write_text("raise RuntimeError('the shadowing loader was imported')\n")
+    proc = subprocess.run([str(py), "-c", "import vllm_ascend, sys; m = sys.modules['gptoss_patch']; "
+                           "print(vllm_ascend.ACTIVE, m.__file__.startswith(sys.argv[1]))", str(site)],
+                          capture_output=True, text=True, cwd=work, env=clean_env(PYTHONPATH=path), timeout=60)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.split() == ["True", "True"]
 
 
 def test_bad_environment_value_is_one_line_naming_the_variable(bare_site):

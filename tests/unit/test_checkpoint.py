@@ -1,4 +1,4 @@
-"""gptoss_patch.ops.checkpoint on real tiny GPT-OSS checkpoints and broken copies of them.
+"""gptoss_patch.tools.checkpoint on real tiny GPT-OSS checkpoints and broken copies of them.
 
 Each malformed checkpoint is a copy of the tiny one with one thing edited (a tensor removed, a tensor
 transposed, a header cut short, a shard deleted, an MXFP4 config). Needs: torch, transformers,
@@ -6,6 +6,7 @@ safetensors (and numpy, which safetensors' header reader uses).
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -13,14 +14,14 @@ import sys
 import pytest
 
 from conftest import ROOT, clean_env
-from gptoss_patch.checkpoint_shapes import expected_tensors
-from gptoss_patch.ops.checkpoint import check_checkpoint
+from gptoss_patch.checkpoints import expected_tensors
+from gptoss_patch.tools.checkpoint import check_checkpoint
 
 
 def shared_tiny(tmp_path_factory):
     """The tiny checkpoint (with tokenizer files), written once per session under pytest's base temp
     and shared by test_serve, test_checkpoint and test_server_probe (tests copy it before editing)."""
-    from gptoss_patch.testing.tiny import write_checkpoint
+    from gptoss_patch.selftest.tiny import write_checkpoint
 
     path = tmp_path_factory.getbasetemp() / "ops-kit-tiny"
     if not (path / ".complete").is_file():
@@ -36,7 +37,7 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sharded(tmp_path_factory):
-    from gptoss_patch.testing.tiny import write_checkpoint
+    from gptoss_patch.selftest.tiny import write_checkpoint
 
     return write_checkpoint(tmp_path_factory.mktemp("ckpt") / "sharded", preset="tiny", seed=0, tokenizer=False,
                             max_shard_size="20MB")
@@ -76,7 +77,7 @@ def test_tiny_checkpoint_passes_at_every_valid_tp(tiny):
 
 
 def test_expected_tensors_match_transformers_layout(tiny):
-    from gptoss_patch.testing.tiny import parameter_shapes
+    from gptoss_patch.selftest.tiny import parameter_shapes
 
     config = json.loads((tiny / "config.json").read_text())
     assert expected_tensors(config) == parameter_shapes("tiny")
@@ -84,7 +85,7 @@ def test_expected_tensors_match_transformers_layout(tiny):
 
 def test_real_geometry_at_tp8_reports_the_360_split(monkeypatch):
     # gpt-oss-120b's config values (openai/gpt-oss-120b config.json): the per-rank fact the padding work is about
-    from gptoss_patch.ops.checkpoint import CheckReport, _tp_facts
+    from gptoss_patch.tools.checkpoint import CheckReport, _tp_facts
 
     monkeypatch.delenv("GPTOSS_PATCH_MOE_PAD", raising=False)
     config = {"num_attention_heads": 64, "num_key_value_heads": 8, "intermediate_size": 2880, "hidden_size": 2880,
@@ -123,7 +124,7 @@ def test_tp_that_does_not_divide_the_heads(tiny, tp, message):
 
 
 def test_tp_that_does_not_divide_the_intermediate_size(tiny, tmp_path):
-    from gptoss_patch.testing.tiny import write_checkpoint
+    from gptoss_patch.selftest.tiny import write_checkpoint
 
     odd = write_checkpoint(tmp_path / "odd", preset="tiny", seed=0, tokenizer=False, intermediate_size=36,
                            num_hidden_layers=2)
@@ -135,7 +136,7 @@ def test_tp_that_does_not_divide_the_intermediate_size(tiny, tmp_path):
 def test_mxfp4_checkpoint_is_accepted_with_its_dequantized_rank_size(tmp_path):
     """Issue 18: the official MXFP4 layout is served (experts dequantized while loading); the report says so and
     gives the per-rank BF16 size and the 64 GB 910B3 fit."""
-    from gptoss_patch.testing.tiny import write_checkpoint
+    from gptoss_patch.selftest.tiny import write_checkpoint
 
     mx = write_checkpoint(tmp_path / "mx", preset="tiny-mxfp4", seed=0, tokenizer=False, quantization="mxfp4")
     report = check_checkpoint(mx, tp=2)
@@ -151,7 +152,7 @@ def test_mxfp4_checkpoint_is_accepted_with_its_dequantized_rank_size(tmp_path):
 def test_mxfp4_checkpoint_with_missing_scales_names_the_tensor(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from gptoss_patch.testing.tiny import write_checkpoint
+    from gptoss_patch.selftest.tiny import write_checkpoint
 
     mx = write_checkpoint(tmp_path / "mx", preset="tiny-mxfp4", seed=0, tokenizer=False, quantization="mxfp4")
     tensors = load_file(str(mx / "model.safetensors"))
@@ -165,7 +166,7 @@ def test_mxfp4_checkpoint_with_missing_scales_names_the_tensor(tmp_path):
 def test_rank_bf16_bytes_of_the_released_geometries():
     """gpt-oss-120b: 116.8 B parameters (model card) = 217.6 GiB in BF16; at TP 8 each rank holds 27.2 GiB (the
     replicated norms/router/down-proj bias add little); gpt-oss-20b: 20.9 B = 39.0 GiB."""
-    from gptoss_patch.ops.checkpoint import rank_bf16_bytes
+    from gptoss_patch.tools.checkpoint import rank_bf16_bytes
 
     c120 = dict(hidden_size=2880, intermediate_size=2880, num_hidden_layers=36, num_attention_heads=64,
                 num_key_value_heads=8, num_local_experts=128, vocab_size=201088, head_dim=64)
@@ -175,7 +176,7 @@ def test_rank_bf16_bytes_of_the_released_geometries():
 
 
 def test_bf16_hint_picks_the_release_by_layer_count():
-    from gptoss_patch.ops.checkpoint import _bf16_hint
+    from gptoss_patch.tools.checkpoint import _bf16_hint
 
     config = {"num_hidden_layers": 36}
     assert "(unsloth/gpt-oss-120b-BF16;" in _bf16_hint(config)
@@ -256,11 +257,11 @@ def test_bad_arguments(tiny, tmp_path):
 
 
 def test_cli(tiny):
-    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.ops.checkpoint", str(tiny), "-tp", "8", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.tools.checkpoint", str(tiny), "-tp", "8", "--json"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["facts"]["intermediate_size_per_rank"] == 45
-    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.ops.checkpoint", str(tiny), "-tp", "3"],
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.tools.checkpoint", str(tiny), "-tp", "3"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 1 and "PROBLEM: tensor-parallel size 3" in proc.stdout
 
@@ -283,7 +284,7 @@ def test_verify_model_includes_the_checkpoint_report(tiny, tmp_path):
 
 def test_mismatched_shapes_reads_the_headers_only(tiny, tmp_path):
     """The function the guard calls before vLLM loads (issue 17): the same comparison as check_checkpoint."""
-    from gptoss_patch.checkpoint_shapes import mismatched_shapes
+    from gptoss_patch.checkpoints import mismatched_shapes
 
     assert mismatched_shapes(tiny) == []
     bad = copy(tiny, tmp_path)
@@ -297,7 +298,7 @@ def test_mismatched_shapes_reads_the_headers_only(tiny, tmp_path):
 
 
 def test_mismatched_shapes_sharded_and_errors(sharded, tmp_path):
-    from gptoss_patch.checkpoint_shapes import mismatched_shapes
+    from gptoss_patch.checkpoints import mismatched_shapes
 
     assert mismatched_shapes(sharded) == []
     with pytest.raises(FileNotFoundError):
@@ -305,3 +306,58 @@ def test_mismatched_shapes_sharded_and_errors(sharded, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_oss", "hidden_size": 64}))
     with pytest.raises(ValueError, match=r"config.json: missing or non-positive intermediate_size"):
         mismatched_shapes(tmp_path)
+
+
+_LAYOUTS = {
+    "sound": ({"a": {"dtype": "BF16", "shape": [2, 2], "data_offsets": [0, 8]}}, 8),
+    "sound, fp8 and fp4": ({"a": {"dtype": "F8_E4M3FNUZ", "shape": [8], "data_offsets": [0, 8]},
+                            "b": {"dtype": "F4", "shape": [4, 2], "data_offsets": [8, 12]}}, 12),
+    "bytes do not match the shape": ({"a": {"dtype": "BF16", "shape": [10, 10], "data_offsets": [0, 8]}}, 8),
+    "unknown dtype": ({"a": {"dtype": "WAT", "shape": [4], "data_offsets": [0, 8]}}, 8),
+    "overlapping tensors": ({"a": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]},
+                             "b": {"dtype": "U8", "shape": [8], "data_offsets": [4, 12]}}, 12),
+    "reversed offsets": ({"a": {"dtype": "U8", "shape": [8], "data_offsets": [8, 0]}}, 8),
+    "trailing bytes": ({"a": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}}, 16),
+    "negative dimension": ({"a": {"dtype": "U8", "shape": [-8], "data_offsets": [0, 8]}}, 8),
+    "truncated data": ({"a": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}}, 4),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_LAYOUTS))
+def test_the_header_reader_judges_a_layout_as_safetensors_does(tmp_path, case):
+    """The one stdlib header reader (gptoss_patch.checkpoints) accepts exactly the files the safetensors library
+    opens - the oracle here - so the guard and the checkpoint report are no weaker than ``safe_open`` was."""
+    import json
+    import struct
+
+    from safetensors import SafetensorError, safe_open
+
+    from gptoss_patch.checkpoints import read_headers
+
+    header, data = _LAYOUTS[case]
+    raw = json.dumps(header).encode()
+    (tmp_path / "model.safetensors").write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * data)
+    problems: list[str] = []
+    read_headers(tmp_path, problems)
+    try:
+        with safe_open(str(tmp_path / "model.safetensors"), framework="numpy") as handle:
+            [handle.get_slice(k).get_shape() for k in handle.keys()]
+        oracle_ok = True
+    except (SafetensorError, ValueError, OSError):
+        oracle_ok = False
+    assert (problems == []) is oracle_ok is case.startswith("sound"), problems
+    if problems:
+        assert problems[0].startswith(f"{tmp_path / 'model.safetensors'}: unreadable safetensors header (")
+
+
+def test_a_header_length_of_gigabytes_is_refused_without_reading_it(tmp_path):
+    import struct
+
+    from gptoss_patch.checkpoints import MAX_HEADER_BYTES, read_headers
+
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(struct.pack("<Q", 2 ** 31) + b"{}")
+    os.truncate(path, 2 ** 31 + 16)  # sparse: no disk used
+    problems: list[str] = []
+    read_headers(tmp_path, problems)
+    assert len(problems) == 1 and f"more than the {MAX_HEADER_BYTES}" in problems[0]

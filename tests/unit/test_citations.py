@@ -76,7 +76,8 @@ def test_every_cited_path_and_section_exists():
 def test_docs_are_tracked():
     files = {p.relative_to(ROOT).as_posix() for p in _tracked()}
     for page in ("docs/README.md", "docs/upstream.md", "docs/operators.md", "docs/simulator.md",
-                 "docs/adding-a-release.md"):
+                 "docs/adding-a-release.md", "docs/version-matrix.md", "docs/patches.md", "docs/operations.md",
+                 "docs/contributing.md", "docs/architecture.md", "testkit/README.md"):
         assert page in files
 
 
@@ -104,11 +105,13 @@ def test_the_check_itself(tmp_path, text, expected):
     assert cited_problems([f], root=tmp_path) == expected
 
 
-def test_readme_layout_has_one_line_per_module():
-    """Every module of the package has its own row in the README's layout table, and every row names a real path."""
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    layout = text[text.index("Layout (one line per module"):]
+def test_architecture_page_has_one_line_per_module():
+    """Every module of both distributions has its own row in docs/architecture.md's module table, and every row
+    names a real path."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    layout = text[text.index("## Modules"):]
     rows = re.findall(r"^\| `([^`]+)` \|", layout, re.M)
-    modules = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "gptoss_patch").rglob("*.py"))
-    assert sorted(r for r in rows if r.startswith("gptoss_patch/")) == modules
+    for top in ("gptoss_patch", "testkit"):
+        modules = sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / top).rglob("*.py"))
+        assert sorted(r for r in rows if r.startswith(f"{top}/") and r.endswith(".py")) == modules
     assert len(rows) == len(set(rows)) and all((ROOT / r).exists() for r in rows)

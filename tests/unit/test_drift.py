@@ -3,7 +3,7 @@
 import json
 
 from gptoss_patch import drift, matrix
-from gptoss_patch.registry import fingerprint_in_file
+from gptoss_patch.fingerprint import fingerprint_in_file
 
 T = "vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.forward_impl"
 TABLE = {"0.12.0rc1": {T: "a" * 64}, "0.13.0rc2": {T: "b" * 64}, "0.13.0": {T: "b" * 64}}
@@ -44,11 +44,11 @@ def test_fingerprint_ignores_decorators_and_sees_a_body_edit(tmp_path):
     src.write_text("class A:\n    @staticmethod\n    def f(x):\n        return x\n")
     before = fingerprint_in_file(src, "A.f")
     src.write_text("class A:\n    @classmethod\n    def f(x):\n        return x\n")
-    from gptoss_patch import registry
+    from gptoss_patch import fingerprint
 
-    registry._SOURCE_CACHE.clear()
+    fingerprint._SOURCE_CACHE.clear()
     assert fingerprint_in_file(src, "A.f") == before  # decorator excluded (reference method)
     src.write_text("class A:\n    @classmethod\n    def f(x):\n        return x + 0\n")
-    registry._SOURCE_CACHE.clear()
+    fingerprint._SOURCE_CACHE.clear()
     assert fingerprint_in_file(src, "A.f") != before
     assert fingerprint_in_file(src, "A.g") is None

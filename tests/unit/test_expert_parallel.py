@@ -1,4 +1,4 @@
-"""``checkpoint.ep_expert_range`` (gptoss_patch/patches/expert_parallel.py; docs/upstream.md §4.12): the wrapper puts a
+"""``checkpoint_bf16.ep_expert_range`` (gptoss_patch/patches/checkpoint_bf16.py; docs/upstream.md §4.12): the wrapper puts a
 reversed expert range back in order and passes every other call through unchanged. Through vLLM 0.11.0's real loader:
 tests/cell/test_serve_more.py (EP 2 serves transformers' tokens; unpatched it does not load) and test_mxfp4.py."""
 
@@ -6,7 +6,7 @@ tests/cell/test_serve_more.py (EP 2 serves transformers' tokens; unpatched it do
 import pytest
 
 from gptoss_patch import matrix
-from gptoss_patch.patches import expert_parallel
+from gptoss_patch.patches import checkpoint_bf16 as expert_parallel  # capability checkpoint_bf16
 from gptoss_patch.registry import static_check
 
 

@@ -1,4 +1,4 @@
-"""No import circles inside ``gptoss_patch``.
+"""No import circles inside ``gptoss_patch`` or ``gptoss_patch_testkit``, and the product never imports the testkit.
 
 The graph is read statically (``ast``) from the package's source files, nothing is imported. Two graphs are checked:
 
@@ -8,9 +8,12 @@ The graph is read statically (``ast``) from the package's source files, nothing 
   ancestor packages are not an edge unless it takes a name from them: they are always initialised before it, and a
   package ``__init__`` importing its submodules is normal.)
 * **all imports**: the module-level ones plus those inside functions and methods (deferred imports). A cycle here is
-  a layering defect (a lower layer reaching back up), even if it cannot fail at import time. None is allowed outside
-  the test harness (``gptoss_patch.testing``, which drives the product from above) and the entry points that only
-  forward to the layer below (the package ``__init__`` and ``plugin``, which lazily import ``_activation``).
+  a layering defect (a lower layer reaching back up), even if it cannot fail at import time. None is allowed, in
+  either package, except through the entry points that only forward to the layer below (the package ``__init__`` and
+  ``plugin``, which lazily import ``_activation``).
+* **product -> testkit**: no module of ``gptoss_patch`` names ``gptoss_patch_testkit`` in an import statement or an
+  ``importlib.import_module`` / ``__import__`` call, at module level or deferred: the simulator and the test jobs are
+  another distribution that a production server never has.
 
 ``TYPE_CHECKING`` blocks are ignored (they never run).
 """
@@ -23,6 +26,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "gptoss_patch"
+TESTKIT = Path(__file__).resolve().parents[2] / "testkit" / "gptoss_patch_testkit"
 #: Callers at the top of the stack: they may import anything lazily, and nothing below may import them.
 ENTRY = {"gptoss_patch", "gptoss_patch.plugin"}
 
@@ -164,27 +168,83 @@ def test_no_module_level_cycle():
     assert cycles(level) == []
 
 
+def test_no_module_level_cycle_in_the_testkit():
+    level, _, _ = graphs(TESTKIT)
+    assert len(level) > 20 and "gptoss_patch_testkit.npu_sim.graph" in level
+    assert cycles(level) == []
+
+
 def test_no_cycle_through_deferred_imports_below_the_entry_points():
     _, every, _ = graphs()
-    product = {m: {d for d in deps if d not in ENTRY and not d.startswith("gptoss_patch.testing")}
-               for m, deps in every.items() if m not in ENTRY and not m.startswith("gptoss_patch.testing")}
+    product = {m: {d for d in deps if d not in ENTRY} for m, deps in every.items() if m not in ENTRY}
     assert cycles(product) == []
 
 
+def test_no_cycle_through_deferred_imports_in_the_testkit():
+    """The simulator's compatibility shims no longer write into a harness that imports the simulator back (the one
+    circle before the house step: ``npu_sim.torch_compat`` <-> ``testing.vllm_setup``)."""
+    _, every, _ = graphs(TESTKIT)
+    assert cycles(every) == []
+
+
+def _testkit_references(path: Path) -> list[str]:
+    """``file:line name`` of every import statement or import call in ``path`` that names ``gptoss_patch_testkit``."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        elif isinstance(node, ast.Call):
+            fn = node.func
+            called = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+            if called in ("import_module", "__import__", "find_spec") and node.args and \
+                    isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+                names = [node.args[0].value]
+        found += [f"{path.name}:{node.lineno} {n}" for n in names if n.split(".")[0] == "gptoss_patch_testkit"]
+    return found
+
+
+def test_the_product_never_imports_the_testkit_not_even_lazily():
+    every = [ref for p in sorted(PKG.rglob("*.py")) for ref in _testkit_references(p)]
+    assert every == []
+    # the scan itself finds each form it looks for
+    probe = PKG.parent / "tests" / "unit" / "test_sim_graph.py"
+    assert _testkit_references(probe), "test_sim_graph.py imports the testkit: the scan must see it"
+
+
+def test_the_testkit_sits_above_the_product():
+    """The testkit imports the product (config parsers, the self-test harnesses it drives); nothing else links
+    them. Every testkit module that imports ``gptoss_patch`` names modules that exist there."""
+    modules = {module_name(p) for p in PKG.rglob("*.py")}
+    missing = []
+    for p in sorted(TESTKIT.rglob("*.py")):
+        tree = ast.parse(p.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").startswith("gptoss_patch."):
+                if node.module not in modules:
+                    missing.append(f"{p.name}:{node.lineno} {node.module}")
+    assert missing == []
+
+
 def test_nothing_below_imports_the_entry_points():
-    """The patches, the registry and the rest never reach back up to ``gptoss_patch.activate()`` / ``status()``."""
+    """The patches, the registry and the rest never reach back up to ``gptoss_patch.activate()`` / ``status()``; the
+    tools at the top (``verify``, the self-test's harnesses) may, and so may the start-up hook."""
     _, _, named = graphs()
     up = {m: sorted(deps & ENTRY) for m, deps in named.items()
-          if deps & ENTRY and m not in ENTRY and not m.startswith("gptoss_patch.testing")
-          and m not in ("gptoss_patch._bootstrap", "gptoss_patch.verify")}
+          if deps & ENTRY and m not in ENTRY and m not in ("gptoss_patch._bootstrap", "gptoss_patch.verify")
+          and not m.startswith("gptoss_patch.selftest.")}  # the self-test is a tool at the top, like verify
     assert up == {}
 
 
-def test_the_runtime_patch_never_imports_the_ops_kit_or_the_test_harness():
+def test_the_runtime_patch_never_imports_the_tools_or_the_self_test():
     """What every vLLM process runs (activation, matrix, registry, patches, kernels) reaches neither the operations
-    kit (``gptoss_patch.ops``: console tools around ``vllm serve``) nor ``gptoss_patch.testing``, even lazily: the
-    guard reads checkpoint headers through ``gptoss_patch.checkpoint_shapes``, not through the ops kit. The one
-    allowed edge is the bootstrap installing the NPU simulator when ``GPTOSS_PATCH_SIMULATE_NPU=1`` (testing only)."""
+    kit (``gptoss_patch.tools``: console tools around ``vllm serve``) nor the self-test's harnesses
+    (``gptoss_patch.selftest``), even lazily: the guard reads checkpoint headers through
+    ``gptoss_patch.checkpoints``, not through the operations kit. No exemption: the start-up hook has no simulator
+    branch any more (the testkit's own ``.pth`` serves the simulator)."""
     _, every, _ = graphs()
     runtime = ["gptoss_patch._activation", "gptoss_patch.plugin", "gptoss_patch._bootstrap"]
     seen, todo = set(), list(runtime)
@@ -193,10 +253,9 @@ def test_the_runtime_patch_never_imports_the_ops_kit_or_the_test_harness():
         if m in seen:
             continue
         seen.add(m)
-        simulator = m == "gptoss_patch._bootstrap"
-        todo += sorted(d for d in every.get(m, ()) if not (simulator and d.startswith("gptoss_patch.testing")))
-    assert "gptoss_patch.patches.guard" in seen and "gptoss_patch.checkpoint_shapes" in seen
-    assert sorted(m for m in seen if m.startswith(("gptoss_patch.ops", "gptoss_patch.testing"))) == []
+        todo += sorted(every.get(m, ()))
+    assert "gptoss_patch.patches.guard" in seen and "gptoss_patch.checkpoints" in seen
+    assert sorted(m for m in seen if m.startswith(("gptoss_patch.tools", "gptoss_patch.selftest"))) == []
 
 
 @pytest.mark.parametrize("files, expected", [

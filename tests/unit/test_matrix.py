@@ -4,6 +4,24 @@
 import pytest
 
 from gptoss_patch import matrix
+
+#: Every table a new vllm-ascend release touches, in order (``docs/adding-a-release.md`` explains each step):
+#: ``(file, name)``; test_the_release_checklist_names_what_exists checks that each name exists in its file. The release
+#: facts live beside the rows (gptoss_patch/matrix.py); this checklist is the tests'.
+RELEASE_CHECKLIST: tuple[tuple[str, str], ...] = (
+    ("gptoss_patch/matrix.py", "ROWS"),
+    ("gptoss_patch/matrix.py", "LAYOUTS"),
+    ("gptoss_patch/matrix.py", "LAYOUT_PATCHES"),
+    ("gptoss_patch/matrix.py", "VLLM_RELIED"),
+    ("gptoss_patch/matrix.py", "NZ_RULES"),
+    ("noxfile.py", "CELLS"),
+    ("testkit/gptoss_patch_testkit/jobs/runner.py", "RUNNER_RULES"),
+    ("gptoss_patch/upstream_fingerprints.json", "scripts/update_fingerprints.py"),
+    ("tests/unit/test_reverse_drift.py", "DEFECTS"),
+    ("docs/version-matrix.md", "# Version matrix"),
+    ("docs/upstream.md", "# "),
+)
+
 from gptoss_patch.matrix import APPLY, REFUSE, STAND_DOWN, decide
 
 
@@ -117,7 +135,7 @@ def test_a_native_release_with_another_vllm_is_refused_naming_the_pair():
 
 def test_layout_h_with_another_vllm_takes_the_structural_check():
     """0.16.0rc1 (layout H) with vLLM 0.17.0 is an untested pairing: applied only when both sides pass the structural
-    check (at activation, :func:`gptoss_patch._activation._decide` also refuses it when that vLLM passes the MoE
+    check (at activation, :func:`gptoss_patch.pairing.judge` also refuses it when that vLLM passes the MoE
     activation as the Enum upstream's string compare misses: tests/cell/native_015 shows it on the real wheels)."""
     d = decide("0.16.0rc1", "0.17.0", structural_check=compatible)
     assert d.verdict == APPLY and "untested build" in d.reason and d.row.layout == "H"
@@ -261,7 +279,7 @@ def test_the_release_checklist_names_what_exists():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
-    for path, name in matrix.RELEASE_CHECKLIST:
+    for path, name in RELEASE_CHECKLIST:
         if path.endswith(".json"):
             assert (root / path).is_file() and (root / name).is_file(), (path, name)
             continue
@@ -272,3 +290,16 @@ def test_the_release_checklist_names_what_exists():
 def test_force_never_borrows_the_layout_of_another_series(va):
     d = decide(va, "0.23.0", force=True, structural_check=compatible)
     assert d.verdict == REFUSE and not d.forced, d
+
+
+def test_native_pairing_rules_name_what_exists():
+    """Each per-release pairing rule (row data, read by gptoss_patch.pairing) names a declared patch, a layout that
+    holds its target and a trigger the pairing module knows."""
+    from gptoss_patch import pairing
+    from gptoss_patch.patches import all_specs
+
+    assert matrix.NATIVE_PAIRING_RULES
+    for rule in matrix.NATIVE_PAIRING_RULES:
+        spec = all_specs()[rule.patch]
+        assert spec.target_key in matrix.LAYOUTS[rule.layout]
+        assert rule.trigger in pairing._TRIGGERS and "{target}" in rule.problem

@@ -3,7 +3,7 @@
 Each release's wheel is downloaded from PyPI once (``pip download --no-deps``; cached under
 ``~/.cache/gptoss-patch/wheels``), its Python files extracted - nothing is installed or imported - and
 :func:`gptoss_patch.matrix.decide` is run in a child interpreter that sees only that tree as ``vllm_ascend``,
-with the real static structural check (:func:`gptoss_patch._activation._structural_check`, ``ast`` only).
+with the real static structural check (:func:`gptoss_patch.pairing.structural_check`, ``ast`` only).
 """
 
 import json
@@ -19,9 +19,9 @@ from gptoss_patch import matrix
 DECIDE = """
 import json, sys
 import functools
-from gptoss_patch import _activation, matrix
+from gptoss_patch import matrix, pairing
 # the paired vLLM stands for the installed one: only the vllm-ascend side is read (the tree on PYTHONPATH)
-check = functools.partial(_activation._structural_check, installed_vllm=sys.argv[2])
+check = functools.partial(pairing.structural_check, installed_vllm=sys.argv[2])
 d = matrix.decide(sys.argv[1], sys.argv[2], structural_check=check)
 print(json.dumps({"verdict": d.verdict, "reason": d.reason, "row": d.row.vllm_ascend if d.row else None,
                   "failures": list(d.structural_failures)}))
@@ -29,7 +29,7 @@ print(json.dumps({"verdict": d.verdict, "reason": d.reason, "row": d.row.vllm_as
 
 
 def _tree(release: str) -> Path:
-    from gptoss_patch.testing.release_source import release_tree
+    from gptoss_patch_testkit.release_source import release_tree
 
     return release_tree(release)
 

@@ -11,7 +11,8 @@ from transformers.integrations.mxfp4 import convert_moe_packed_tensors
 
 from gptoss_patch import matrix
 from gptoss_patch.kernels import mxfp4 as mx
-from gptoss_patch.patches import mxfp4 as patch
+from gptoss_patch import checkpoints
+from gptoss_patch.patches import checkpoint_mxfp4 as patch
 
 
 def _bits(t):
@@ -95,7 +96,7 @@ def test_quantize_rounds_to_the_nearest_fp4_value_with_the_smallest_sufficient_s
 def test_tiny_mxfp4_checkpoint_is_the_official_layout_and_transformers_dequantizes_it(tmp_path):
     from safetensors.torch import load_file
 
-    from gptoss_patch.testing.tiny import MXFP4_QUANTIZATION_CONFIG, write_checkpoint
+    from gptoss_patch.selftest.tiny import MXFP4_QUANTIZATION_CONFIG, write_checkpoint
 
     bf16 = write_checkpoint(tmp_path / "bf16", preset="tiny-mxfp4", seed=0, tokenizer=False)
     mxd = write_checkpoint(tmp_path / "mx", preset="tiny-mxfp4", seed=0, tokenizer=False, quantization="mxfp4")
@@ -160,7 +161,7 @@ def test_stream_wrong_scale_shape_names_the_tensor_and_expected_shape():
 
 @pytest.fixture(scope="module")
 def mx_ckpt(tmp_path_factory):
-    from gptoss_patch.testing.tiny import write_checkpoint
+    from gptoss_patch.selftest.tiny import write_checkpoint
 
     return write_checkpoint(tmp_path_factory.mktemp("mx"), preset="tiny-mxfp4", seed=0, tokenizer=False,
                             quantization="mxfp4")
@@ -179,12 +180,12 @@ def _rewrite(src, dst, edit):
 
 
 def test_check_files_accepts_the_tiny_mxfp4_checkpoint(mx_ckpt):
-    assert patch.check_files(str(mx_ckpt)) == []
+    assert checkpoints.check_files(str(mx_ckpt)) == []
 
 
 def test_check_files_blocks_without_scales(mx_ckpt, tmp_path):
     d = _rewrite(mx_ckpt, tmp_path / "c", lambda t: t.pop("model.layers.2.mlp.experts.down_proj_scales"))
-    assert patch.check_files(str(d)) == ["model.layers.2.mlp.experts.down_proj_blocks has no "
+    assert checkpoints.check_files(str(d)) == ["model.layers.2.mlp.experts.down_proj_blocks has no "
                                          "model.layers.2.mlp.experts.down_proj_scales (expected shape [8, 64, 12] "
                                          "uint8)"]
 
@@ -195,7 +196,7 @@ def test_check_files_wrong_scale_shape(mx_ckpt, tmp_path):
         t[name] = t[name][:, :, :1].contiguous()
 
     d = _rewrite(mx_ckpt, tmp_path / "c", edit)
-    assert patch.check_files(str(d)) == ["model.layers.1.mlp.experts.gate_up_proj_scales: shape [8, 768, 1] U8, "
+    assert checkpoints.check_files(str(d)) == ["model.layers.1.mlp.experts.gate_up_proj_scales: shape [8, 768, 1] U8, "
                                          "expected shape [8, 768, 2] U8"]
 
 
@@ -206,7 +207,7 @@ def test_check_files_truncated_shard(mx_ckpt, tmp_path):
     shutil.copytree(mx_ckpt, d)
     path = d / "model.safetensors"
     os.truncate(path, path.stat().st_size - 100)
-    problems = patch.check_files(str(d))
+    problems = checkpoints.check_files(str(d))
     assert problems and all("truncated shard" in p and "expected shape [" in p for p in problems)
     assert any(p.startswith("model.") for p in problems)
 

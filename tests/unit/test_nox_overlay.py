@@ -27,9 +27,11 @@ def _snapshot(directory: Path) -> dict[str, float]:
 def _checkout(dest: Path, version: str) -> Path:
     """A copy of what the wheel is built from, with ``version``."""
     dest.mkdir()
-    for name in ("pyproject.toml", "README.md", "gptoss_patch.pth", "gptoss_patch.start"):
+    for name in ("pyproject.toml", "README.md", "gptoss_patch.pth", "gptoss_patch.start", "_gptoss_patch_hook.py",
+                 "_gptoss_patch_hook_loader.py"):
         shutil.copy(ROOT / name, dest / name)
     shutil.copytree(ROOT / "gptoss_patch", dest / "gptoss_patch", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "testkit", dest / "testkit", ignore=shutil.ignore_patterns("__pycache__"))
     (dest / "gptoss_patch" / "_version.py").write_text(f'__version__ = "{version}"\n')
     return dest
 
@@ -53,6 +55,7 @@ def test_two_checkouts_at_once_install_into_their_own_overlay(tmp_path, monkeypa
     shutil.copytree(ROOT / "gptoss_patch", stale, ignore=shutil.ignore_patterns("__pycache__"))
     (stale / "_version.py").write_text('__version__ = "0.0.0+stale"\n')
     shutil.copy(ROOT / "gptoss_patch.pth", base_site / "gptoss_patch.pth")
+    shutil.copy(ROOT / "_gptoss_patch_hook.py", base_site / "_gptoss_patch_hook.py")
     before = _snapshot(base)
 
     sources = {k: _checkout(tmp_path / f"checkout-{k}", f"0.1.0+{k}") for k in ("a", "b")}
@@ -71,14 +74,17 @@ def test_two_checkouts_at_once_install_into_their_own_overlay(tmp_path, monkeypa
         t.join(timeout=600)
     assert not errors, errors
     for k, py in pythons.items():
-        out = subprocess.run([str(py), "-c", "import sys; hooked = 'gptoss_patch._bootstrap' in sys.modules\n"
+        out = subprocess.run([str(py), "-c", "import sys; hooked = '_gptoss_patch_hook' in sys.modules\n"
                               "import gptoss_patch, cellbase_marker\n"
                               "print(gptoss_patch.__version__, gptoss_patch.__file__, cellbase_marker.WHERE)\n"
                               "print(hooked)"],
-                             capture_output=True, text=True, env={k2: v for k2, v in os.environ.items()
-                                                                   if not k2.startswith("GPTOSS_PATCH_")})
+                             capture_output=True, text=True, cwd=tmp_path, env={
+                                 k2: v for k2, v in os.environ.items() if not k2.startswith("GPTOSS_PATCH_")})
         assert out.returncode == 0, out.stderr
         version, path, where = out.stdout.splitlines()[0].split(" ", 2)
+        hook = subprocess.run([str(py), "-c", "import _gptoss_patch_hook; print(_gptoss_patch_hook.__file__)"],
+                              capture_output=True, text=True, cwd=tmp_path).stdout.strip()
+        assert Path(hook).is_relative_to(tmp_path / f"run-{k}")  # the overlay's own hook module, not the stale one
         assert version == f"0.1.0+{k}"  # this checkout's code, not the other's nor the cached venv's
         assert Path(path).is_relative_to(tmp_path / f"run-{k}")
         assert where == "cached venv"  # everything else comes from the cached venv

@@ -13,8 +13,9 @@ import weakref
 import pytest
 import torch
 
+from gptoss_patch import matrix
 from gptoss_patch.kernels import padding as P
-from gptoss_patch.patches import weights as W
+from gptoss_patch.patches import nz_padding as W
 
 # ------------------------------------------------------------------------------------------------------------- sizes
 
@@ -252,11 +253,11 @@ def test_swigluoai_of_a_zero_pair_is_zero(dtype):
     ("0.13.0", 1, False, False), ("0.13.0", 2, False, True), ("0.14.0rc1", 2, False, True),
 ])
 def test_release_nz_rules(release, env, eagle, want):
-    assert P.nz_rule(release).casts(env, eagle) is want
+    assert matrix.nz_rule(release).casts(env, eagle) is want
 
 
 def test_unknown_release_has_no_rule():
-    assert P.nz_rule("0.10.2") is None
+    assert matrix.nz_rule("0.10.2") is None
 
 
 # ------------------------------------------------------------------------------------------------------ the decision

@@ -1,15 +1,53 @@
-"""The README shows the version matrix from the same data the runtime decision uses (issue 8)."""
+"""The README is a user's page, and the pages it points to show the data the runtime uses (issues 8 and 28)."""
 
+import re
 from pathlib import Path
 
 from gptoss_patch import matrix
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
 
 
-def test_readme_matrix_is_the_decision_table():
+def test_the_version_matrix_page_is_the_decision_table():
+    text = (ROOT / "docs" / "version-matrix.md").read_text(encoding="utf-8")
+    assert matrix.markdown() in text, "docs/version-matrix.md is stale: paste `gptoss_patch.matrix.markdown()`"
+
+
+def test_readme_release_table_is_the_decision_table_by_series():
     text = README.read_text(encoding="utf-8")
-    assert matrix.markdown() in text, "README's version matrix is stale: paste `gptoss_patch.matrix.markdown()`"
+    assert matrix.series_markdown() in text, "README's release table is stale: paste `matrix.series_markdown()`"
+
+
+def test_readme_refusal_table_is_every_refused_capability_with_its_setting():
+    text = README.read_text(encoding="utf-8")
+    assert matrix.refusals_markdown() in text, "README's refusal table is stale: paste `matrix.refusals_markdown()`"
+    refused = {c for r in matrix.ROWS for c, cap in r.caps.items() if cap.state == matrix.REFUSED}
+    assert refused and refused <= set(matrix.AVOIDS) and refused <= set(matrix.REFUSED_WHEN)
+    for cap in refused:
+        assert f"(`{cap}`)" in matrix.refusals_markdown()
+
+
+def test_every_declared_patch_has_a_row_on_the_patches_page():
+    """The layout patches (``all_specs``) and the vLLM-side checkpoint patches of both checkpoint capabilities: each
+    name stands on the page in a table row of its own."""
+    from gptoss_patch import patches
+    from gptoss_patch.patches import checkpoint_bf16, checkpoint_mxfp4
+
+    text = (ROOT / "docs" / "patches.md").read_text(encoding="utf-8")
+    rows = {m for line in text.splitlines() if line.startswith("| `")
+            for m in re.findall(r"`([a-z0-9_]+\.[a-z0-9_]+)`", line.split(" | ")[0])}
+    declared = set(patches.all_specs()) | {s.name for s in (*checkpoint_bf16.PATCHES, *checkpoint_mxfp4.PATCHES)}
+    assert len(declared) == 16 and declared - rows == set()
+
+
+def test_readme_is_a_users_page():
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 200
+    for heading in ("## Install and run", "## Check your stack", "## Releases",
+                    "## What is refused, and the setting that avoids it", "## Configuration", "## Operations kit",
+                    "## Contributing"):
+        assert heading in text
 
 
 def test_readme_has_exactly_two_setup_commands():

@@ -9,8 +9,8 @@ import textwrap
 
 import pytest
 
-from gptoss_patch.registry import (APPLIED, FAILED, PENDING, SKIPPED, PatchSpec, Registry, fingerprint,
-                                   split_target, static_check)
+from gptoss_patch.fingerprint import fingerprint, split_target
+from gptoss_patch.registry import APPLIED, FAILED, PENDING, SKIPPED, PatchSpec, Registry, static_check
 
 TARGET_SRC = textwrap.dedent('''
     class Impl:

@@ -2,7 +2,7 @@
 row patches, refuses or warns about it, and absent where a row calls the capability native.
 
 Each check reads the released ``vllm_ascend`` files (wheel, or sdist where PyPI has no cp311 wheel:
-:func:`gptoss_patch.testing.release_source.release_tree`) as text; nothing is imported. Three outcomes fail, with
+:func:`gptoss_patch_testkit.release_source.release_tree`) as text; nothing is imported. Three outcomes fail, with
 different messages (the pattern of vllm-ascend-split-batch's ``test_rope_fix_drift.py``):
 
 * the defect is gone where the row still acts on it -> "upstream fixed it: drop the patch/refusal for this row";
@@ -129,7 +129,7 @@ DEFECTS = {
 @pytest.mark.parametrize("row", NATIVE_ROWS, ids=[r.vllm_ascend for r in NATIVE_ROWS])
 @pytest.mark.parametrize("defect", sorted(DEFECTS))
 def test_each_defect_is_present_exactly_where_the_row_acts_on_it(row, defect):
-    from gptoss_patch.testing.release_source import release_tree
+    from gptoss_patch_testkit.release_source import release_tree
 
     check, capability, expected_when = DEFECTS[defect]
     cap = row.caps[capability]
@@ -146,7 +146,7 @@ def test_each_defect_is_present_exactly_where_the_row_acts_on_it(row, defect):
 def test_the_moe_string_compare_is_patched_where_vllm_passes_an_enum(row):
     """0.15/0.16 compare with the string and their vLLM passes a string (native MoE, layout H); 0.17-0.18 compare with
     the string while their vLLM passes the Enum (patched, layout G); from 0.19.1rc1 the compare handles the Enum."""
-    from gptoss_patch.testing.release_source import release_tree
+    from gptoss_patch_testkit.release_source import release_tree
 
     present = moe_string_compare(release_tree(row.vllm_ascend))
     enum_vllm = Version(row.vllm) >= Version("0.17")

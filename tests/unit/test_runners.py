@@ -33,8 +33,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, clean_env
-from gptoss_patch.ops import bench_serving, eval_accuracy
-from gptoss_patch.ops.eval_accuracy import DataError, answer_from_choice, load_gsm8k, load_mmlu, prepare
+from gptoss_patch.tools import bench_serving, eval_accuracy
+from gptoss_patch.tools.eval_accuracy import DataError, answer_from_choice, load_gsm8k, load_mmlu, prepare
 from test_server_probe import SEED_VLLM_CHAT, _free_port
 
 DATA = ROOT / "tests" / "data"
@@ -198,7 +198,7 @@ def _run(args, **env):
 
 def test_accuracy_dry_run_prints_the_exact_command(tmp_path):
     work = tmp_path / "work"
-    proc = _run(["-m gptoss_patch.ops.eval_accuracy", "--server", "http://127.0.0.1:9", "--model", "gpt-oss-120b",
+    proc = _run(["-m gptoss_patch.tools.eval_accuracy", "--server", "http://127.0.0.1:9", "--model", "gpt-oss-120b",
                  "--mmlu", str(MMLU_DIR), "--gsm8k", str(GSM8K), "--limit", "4", "--reasoning-effort", "low",
                  "--workdir", str(work), "--dry-run"])
     assert proc.returncode == 0, proc.stderr
@@ -206,7 +206,7 @@ def test_accuracy_dry_run_prints_the_exact_command(tmp_path):
     assert comment == ("# gptoss_mmlu: 4 of 5 rows, gptoss_gsm8k: 3 of 3 rows; at most 14 requests, 600 s each, "
                        "killed after 21600 s")
     assert shlex.split(command) == [
-        sys.executable, "-m", "gptoss_patch.ops.eval_accuracy", "lm-eval", "run", "--model", "gptoss-chat-completions",
+        sys.executable, "-m", "gptoss_patch.tools.eval_accuracy", "lm-eval", "run", "--model", "gptoss-chat-completions",
         "--model_args", "model=gpt-oss-120b,base_url=http://127.0.0.1:9/v1/chat/completions,num_concurrent=8,"
         "max_retries=1,timeout=600", "--tasks", "gptoss_mmlu,gptoss_gsm8k", "--include_path",
         str(work.resolve() / "tasks"), "--apply_chat_template", "--output_path", str(work.resolve() / "results"),
@@ -215,10 +215,10 @@ def test_accuracy_dry_run_prints_the_exact_command(tmp_path):
     eval_accuracy.prepare(work, mmlu=MMLU_DIR, gsm8k=GSM8K)
     assert json.loads((work / "tasks" / "gptoss_gsm8k.yaml").read_text())["dataset_kwargs"] == {
         "data_files": {"test": str(work.resolve() / "data" / "gptoss_gsm8k.jsonl")}}
-    bad = _run(["-m gptoss_patch.ops.eval_accuracy", "--server", "http://h:1", "--model", "a,b", "--gsm8k", str(GSM8K),
+    bad = _run(["-m gptoss_patch.tools.eval_accuracy", "--server", "http://h:1", "--model", "a,b", "--gsm8k", str(GSM8K),
                 "--workdir", str(work), "--dry-run"])
     assert bad.returncode == 2 and "contains ',' or '='" in bad.stderr
-    bad = _run(["-m gptoss_patch.ops.eval_accuracy", "--server", "h:1", "--model", "m", "--gsm8k", str(GSM8K),
+    bad = _run(["-m gptoss_patch.tools.eval_accuracy", "--server", "h:1", "--model", "m", "--gsm8k", str(GSM8K),
                 "--workdir", str(work), "--dry-run"])
     assert bad.returncode == 2 and "server URL must look like http://HOST:PORT" in bad.stderr
 
@@ -229,7 +229,7 @@ def test_bench_dry_run_prints_evalscope_commands_its_parser_accepts(tmp_path):
 
     tok = tmp_path / "tok"
     tok.mkdir()
-    proc = _run(["-m gptoss_patch.ops.bench_serving", "--server", "http://127.0.0.1:9/v1", "--model", "gpt-oss-120b-bf16",
+    proc = _run(["-m gptoss_patch.tools.bench_serving", "--server", "http://127.0.0.1:9/v1", "--model", "gpt-oss-120b-bf16",
                  "--tokenizer", str(tok), "--output-dir", str(tmp_path / "out"), "--dry-run"])
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
@@ -253,17 +253,17 @@ def test_bench_dry_run_prints_evalscope_commands_its_parser_accepts(tmp_path):
                               (["--concurrency", "1,x"], "comma-separated integers"),
                               (["--tokenizer", str(tmp_path / "nope")], "is not a directory")):
         args = ["--server", "http://h:1", "--model", "m", "--tokenizer", str(tok), *bad_args, "--dry-run"]
-        bad = _run(["-m gptoss_patch.ops.bench_serving", *args])
+        bad = _run(["-m gptoss_patch.tools.bench_serving", *args])
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
 
 
 RANGE_CASES = [
-    ("-m gptoss_patch.ops.eval_accuracy", "--limit", "0"), ("-m gptoss_patch.ops.eval_accuracy", "--max-tokens", "0"),
-    ("-m gptoss_patch.ops.eval_accuracy", "--concurrency", "0"), ("-m gptoss_patch.ops.eval_accuracy", "--timeout", "0"),
-    ("-m gptoss_patch.ops.eval_accuracy", "--max-retries", "-1"), ("-m gptoss_patch.ops.eval_accuracy", "--deadline", "-5"),
-    ("-m gptoss_patch.ops.bench_serving", "--concurrency", "1,0"), ("-m gptoss_patch.ops.bench_serving", "--prompts-per-level", "0"),
-    ("-m gptoss_patch.ops.bench_serving", "--request-timeout", "0"), ("-m gptoss_patch.ops.bench_serving", "--deadline", "0"),
-    ("-m gptoss_patch.ops.server_probe", "--timeout", "0"), ("-m gptoss_patch.verify", "--server-timeout", "-1"),
+    ("-m gptoss_patch.tools.eval_accuracy", "--limit", "0"), ("-m gptoss_patch.tools.eval_accuracy", "--max-tokens", "0"),
+    ("-m gptoss_patch.tools.eval_accuracy", "--concurrency", "0"), ("-m gptoss_patch.tools.eval_accuracy", "--timeout", "0"),
+    ("-m gptoss_patch.tools.eval_accuracy", "--max-retries", "-1"), ("-m gptoss_patch.tools.eval_accuracy", "--deadline", "-5"),
+    ("-m gptoss_patch.tools.bench_serving", "--concurrency", "1,0"), ("-m gptoss_patch.tools.bench_serving", "--prompts-per-level", "0"),
+    ("-m gptoss_patch.tools.bench_serving", "--request-timeout", "0"), ("-m gptoss_patch.tools.bench_serving", "--deadline", "0"),
+    ("-m gptoss_patch.tools.server_probe", "--timeout", "0"), ("-m gptoss_patch.verify", "--server-timeout", "-1"),
     ("-m gptoss_patch.verify", "--chat-max-tokens", "0"),
 ]
 _OPTIONS = {"--limit", "--max-tokens", "--concurrency", "--timeout", "--max-retries", "--deadline",
@@ -275,11 +275,11 @@ def test_a_range_error_names_the_one_wrong_option(tmp_path, tool, option, value)
     """Issue 17: an out-of-range value is a usage error (exit 2) naming that option and no other."""
     tok = tmp_path / "tok"
     tok.mkdir()
-    common = {"-m gptoss_patch.ops.eval_accuracy": ["--server", "http://h:1", "--model", "m", "--gsm8k", str(GSM8K),
+    common = {"-m gptoss_patch.tools.eval_accuracy": ["--server", "http://h:1", "--model", "m", "--gsm8k", str(GSM8K),
                                            "--workdir", str(tmp_path / "w"), "--dry-run"],
-              "-m gptoss_patch.ops.bench_serving": ["--server", "http://h:1", "--model", "m", "--tokenizer", str(tok),
+              "-m gptoss_patch.tools.bench_serving": ["--server", "http://h:1", "--model", "m", "--tokenizer", str(tok),
                                            "--dry-run"],
-              "-m gptoss_patch.ops.server_probe": ["http://h:1"],
+              "-m gptoss_patch.tools.server_probe": ["http://h:1"],
               "-m gptoss_patch.verify": ["--server", "http://h:1"]}[tool]
     proc = _run([*tool.split(), *common, option, value])
     assert proc.returncode == 2, proc.stdout + proc.stderr
@@ -311,8 +311,8 @@ def _vllm_cpu_python() -> str:
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory):
     """(base URL, checkpoint dir) of vLLM's OpenAI server (vllm-cpu) on 127.0.0.1 hosting a tiny GPT-OSS."""
-    from gptoss_patch.testing.tiny import write_checkpoint
-    from gptoss_patch.ops.tokenizer import prepare as prepare_vocab
+    from gptoss_patch.selftest.tiny import write_checkpoint
+    from gptoss_patch.tools.tokenizer import prepare as prepare_vocab
 
     py = _vllm_cpu_python()
     base = tmp_path_factory.mktemp("vllm-cpu")
@@ -411,7 +411,7 @@ def test_accuracy_runner_against_vllm(vllm_server, tmp_path):
     url, _ = vllm_server
     work = tmp_path / "acc"
     before = _counters(url)
-    proc = _run(["-m gptoss_patch.ops.eval_accuracy", "--server", url, "--model", MODEL, "--mmlu", str(MMLU_DIR),
+    proc = _run(["-m gptoss_patch.tools.eval_accuracy", "--server", url, "--model", MODEL, "--mmlu", str(MMLU_DIR),
                  "--gsm8k", str(GSM8K), "--limit", "2", "--max-tokens", "8", "--concurrency", "1", "--timeout", "60",
                  "--deadline", "400", "--workdir", str(work)], HF_HOME=str(tmp_path / "hf"))
     delta = _delta(before, _counters(url))
@@ -449,7 +449,7 @@ def test_bench_runner_against_vllm(vllm_server, tmp_path):
     url, ckpt = vllm_server
     out_dir = tmp_path / "bench"
     before = _counters(url)
-    proc = _run(["-m gptoss_patch.ops.bench_serving", "--server", url, "--model", MODEL, "--tokenizer", str(ckpt),
+    proc = _run(["-m gptoss_patch.tools.bench_serving", "--server", url, "--model", MODEL, "--tokenizer", str(ckpt),
                  "--scenario", "32/8", "--concurrency", "1,2", "--prompts-per-level", "2", "--request-timeout", "60",
                  "--deadline", "400", "--output-dir", str(out_dir), "--json"], HF_HOME=str(tmp_path / "hf"))
     delta = _delta(before, _counters(url))

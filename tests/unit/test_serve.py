@@ -1,4 +1,4 @@
-"""The serve recipes (gptoss_patch.ops.serve, console script gptoss-patch-serve): --dry-run output, overrides, refusals.
+"""The serve recipes (gptoss_patch.tools.serve, console script gptoss-patch-serve): --dry-run output, overrides, refusals.
 
 Everything runs the real CLI in a subprocess. The verify gate is exercised for real: in a fresh venv
 holding gptoss_patch and its runtime dependencies but no vllm-ascend, ``python -m gptoss_patch.verify``
@@ -23,7 +23,7 @@ SEED_SIZES = "[1024,512,256,128,64,16,4,2,1]"
 def shared_tiny(tmp_path_factory):
     """The tiny checkpoint (with tokenizer files), written once per session under pytest's base temp
     and shared by test_serve, test_checkpoint and test_server_probe (tests copy it before editing)."""
-    from gptoss_patch.testing.tiny import write_checkpoint
+    from gptoss_patch.selftest.tiny import write_checkpoint
 
     path = tmp_path_factory.getbasetemp() / "ops-kit-tiny"
     if not (path / ".complete").is_file():
@@ -35,7 +35,7 @@ def shared_tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def assets(tmp_path_factory):
     """(tiny checkpoint dir, prepared tokenizer dir), shared by the module."""
-    from gptoss_patch.ops.tokenizer import prepare
+    from gptoss_patch.tools.tokenizer import prepare
 
     base = tmp_path_factory.mktemp("serve")
     ckpt = shared_tiny(tmp_path_factory)
@@ -82,7 +82,7 @@ def flag(argv, name):
 
 def test_120b_tp8_dry_run_is_the_seed_recipe(assets):
     ckpt, tok = assets
-    proc = dry(["-m", "gptoss_patch.ops.serve", "120b-tp8", "--model", str(ckpt), "--tokenizer-dir", str(tok)])
+    proc = dry(["-m", "gptoss_patch.tools.serve", "120b-tp8", "--model", str(ckpt), "--tokenizer-dir", str(tok)])
     assert proc.returncode == 0, proc.stderr
     exports, argv = parse(proc.stdout)
     assert exports == {"TIKTOKEN_ENCODINGS_BASE": str(tok), "TIKTOKEN_RS_CACHE_DIR": str(tok),
@@ -104,7 +104,7 @@ def test_120b_tp8_dry_run_is_the_seed_recipe(assets):
 
 def test_20b_tp1_dry_run(assets):
     ckpt, tok = assets
-    proc = dry(["-m", "gptoss_patch.ops.serve", "20b-tp1", "--model", str(ckpt), "--tokenizer-dir", str(tok)])
+    proc = dry(["-m", "gptoss_patch.tools.serve", "20b-tp1", "--model", str(ckpt), "--tokenizer-dir", str(tok)])
     assert proc.returncode == 0, proc.stderr
     exports, argv = parse(proc.stdout)
     assert "HCCL_INTRA_ROCE_ENABLE" not in exports  # single card: no inter-card link to configure
@@ -117,7 +117,7 @@ def test_20b_tp1_dry_run(assets):
 
 def test_flags_beat_environment_beat_preset(assets):
     ckpt, tok = assets
-    proc = dry(["-m", "gptoss_patch.ops.serve", "120b-tp8", "--max-model-len", "8192", "--port", "9001",
+    proc = dry(["-m", "gptoss_patch.tools.serve", "120b-tp8", "--max-model-len", "8192", "--port", "9001",
                 "--cudagraph-capture-sizes", "1,2,4", "--served-model-name", "mine", "--", "--seed", "7"],
                GPTOSS_SERVE_MODEL=str(ckpt), GPTOSS_SERVE_TOKENIZER_DIR=str(tok),
                GPTOSS_SERVE_MAX_MODEL_LEN="4096", GPTOSS_SERVE_GPU_MEMORY_UTILIZATION="0.9",
@@ -136,7 +136,7 @@ def test_flags_beat_environment_beat_preset(assets):
 
 def test_eager_and_no_tool_calls(assets):
     ckpt, tok = assets
-    proc = dry(["-m", "gptoss_patch.ops.serve", "20b-tp1", "--model", str(ckpt), "--tokenizer-dir", str(tok),
+    proc = dry(["-m", "gptoss_patch.tools.serve", "20b-tp1", "--model", str(ckpt), "--tokenizer-dir", str(tok),
                 "--no-tool-calls"], GPTOSS_SERVE_EAGER="1")
     assert proc.returncode == 0, proc.stderr
     _, argv = parse(proc.stdout)
@@ -146,7 +146,7 @@ def test_eager_and_no_tool_calls(assets):
 
 def test_existing_tiktoken_environment_is_used(assets):
     ckpt, tok = assets
-    proc = dry(["-m", "gptoss_patch.ops.serve", "20b-tp1", "--model", str(ckpt)], TIKTOKEN_ENCODINGS_BASE=str(tok))
+    proc = dry(["-m", "gptoss_patch.tools.serve", "20b-tp1", "--model", str(ckpt)], TIKTOKEN_ENCODINGS_BASE=str(tok))
     assert proc.returncode == 0, proc.stderr
     exports, _ = parse(proc.stdout)
     assert exports == {"TIKTOKEN_RS_CACHE_DIR": str(tok), "TIKTOKEN_CACHE_DIR": str(tok)}
@@ -161,24 +161,24 @@ def test_existing_tiktoken_environment_is_used(assets):
 ])
 def test_bad_values_are_named(assets, args, message):
     ckpt, tok = assets
-    proc = dry(["-m", "gptoss_patch.ops.serve", "120b-tp8", "--model", str(ckpt), "--tokenizer-dir", str(tok), *args])
+    proc = dry(["-m", "gptoss_patch.tools.serve", "120b-tp8", "--model", str(ckpt), "--tokenizer-dir", str(tok), *args])
     assert proc.returncode == 2 and proc.stdout == ""
     assert message in proc.stderr
 
 
 def test_refuses_without_vocabulary(assets, tmp_path):
     ckpt, _ = assets
-    proc = dry(["-m", "gptoss_patch.ops.serve", "120b-tp8", "--model", str(ckpt)])
+    proc = dry(["-m", "gptoss_patch.tools.serve", "120b-tp8", "--model", str(ckpt)])
     assert proc.returncode == 2 and "gptoss-patch-tokenizer prepare DIR" in proc.stderr
-    proc = dry(["-m", "gptoss_patch.ops.serve", "120b-tp8", "--model", str(ckpt), "--tokenizer-dir", str(tmp_path)])
+    proc = dry(["-m", "gptoss_patch.tools.serve", "120b-tp8", "--model", str(ckpt), "--tokenizer-dir", str(tmp_path)])
     assert proc.returncode == 2 and f"{tmp_path}/o200k_base.tiktoken" in proc.stderr
 
 
 def test_unknown_preset_and_missing_model(assets):
     _, tok = assets
-    proc = dry(["-m", "gptoss_patch.ops.serve", "70b"])
+    proc = dry(["-m", "gptoss_patch.tools.serve", "70b"])
     assert proc.returncode == 2 and "unknown preset '70b'; known: 120b-tp8, 20b-tp1" in proc.stderr
-    proc = dry(["-m", "gptoss_patch.ops.serve", "20b-tp1", "--tokenizer-dir", str(tok)])
+    proc = dry(["-m", "gptoss_patch.tools.serve", "20b-tp1", "--tokenizer-dir", str(tok)])
     assert proc.returncode == 2 and "unsloth/gpt-oss-20b-BF16" in proc.stderr
 
 
@@ -189,14 +189,14 @@ def test_checkpoint_problems_block_the_start(assets, tmp_path):
     config = json.loads((bad / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn"]}
     (bad / "config.json").write_text(json.dumps(config))
-    proc = dry(["-m", "gptoss_patch.ops.serve", "20b-tp1", "--model", str(bad), "--tokenizer-dir", str(tok)])
+    proc = dry(["-m", "gptoss_patch.tools.serve", "20b-tp1", "--model", str(bad), "--tokenizer-dir", str(tok)])
     assert proc.returncode == 1 and proc.stdout == ""
     assert "MXFP4" in proc.stderr and "--no-model-check" in proc.stderr
     # the TP size is checked against the heads: the tiny model has 8 query heads
-    proc = dry(["-m", "gptoss_patch.ops.serve", "120b-tp8", "--model", str(ckpt), "--tokenizer-dir", str(tok),
+    proc = dry(["-m", "gptoss_patch.tools.serve", "120b-tp8", "--model", str(ckpt), "--tokenizer-dir", str(tok),
                 "--tensor-parallel-size", "3"])
     assert proc.returncode == 1 and "does not divide num_attention_heads 8" in proc.stderr
-    proc = dry(["-m", "gptoss_patch.ops.serve", "120b-tp8", "--model", str(bad), "--tokenizer-dir", str(tok),
+    proc = dry(["-m", "gptoss_patch.tools.serve", "120b-tp8", "--model", str(bad), "--tokenizer-dir", str(tok),
                 "--no-model-check"])
     assert proc.returncode == 0
 
@@ -219,7 +219,7 @@ def test_refuses_to_start_when_verify_fails(assets, no_ascend_env, tmp_path):
     fake_vllm = tmp_path / "vllm"
     fake_vllm.write_text(f"#!/bin/sh\ntouch {marker}\n")
     fake_vllm.chmod(0o755)
-    args = ["-m", "gptoss_patch.ops.serve", "120b-tp8", "--model", str(ckpt), "--tokenizer-dir", str(tok),
+    args = ["-m", "gptoss_patch.tools.serve", "120b-tp8", "--model", str(ckpt), "--tokenizer-dir", str(tok),
             "--no-model-check", "--vllm-bin", str(fake_vllm)]  # the bare venv has no safetensors
     proc = subprocess.run([str(no_ascend_env), *args], capture_output=True, text=True, timeout=300,
                           env=env_without(*BASE_ENV))
@@ -238,7 +238,7 @@ def test_no_verify_execs_vllm_with_recipe_environment(assets, no_ascend_env, tmp
         f"json.dump({{'argv': sys.argv[1:], 'env': {{k: os.environ.get(k) for k in "
         f"('TIKTOKEN_RS_CACHE_DIR', 'HCCL_INTRA_ROCE_ENABLE')}}}}, open({str(record)!r}, 'w'))\n")
     fake_vllm.chmod(0o755)
-    args = ["-m", "gptoss_patch.ops.serve", "120b-tp8", "--model", str(ckpt), "--tokenizer-dir", str(tok),
+    args = ["-m", "gptoss_patch.tools.serve", "120b-tp8", "--model", str(ckpt), "--tokenizer-dir", str(tok),
             "--no-model-check", "--no-verify", "--vllm-bin", str(fake_vllm)]
     proc = subprocess.run([str(no_ascend_env), *args], capture_output=True, text=True, timeout=120,
                           env=env_without(*BASE_ENV))
@@ -251,10 +251,10 @@ def test_no_verify_execs_vllm_with_recipe_environment(assets, no_ascend_env, tmp
 
 def test_vllm_plugins_filter_is_warned(assets):
     ckpt, tok = assets
-    proc = dry(["-m", "gptoss_patch.ops.serve", "20b-tp1", "--model", str(ckpt), "--tokenizer-dir", str(tok)],
+    proc = dry(["-m", "gptoss_patch.tools.serve", "20b-tp1", "--model", str(ckpt), "--tokenizer-dir", str(tok)],
                VLLM_PLUGINS="ascend")
     assert proc.returncode == 0
     assert "VLLM_PLUGINS='ascend' filters out the 'gptoss_patch' vllm.general_plugins entry point" in proc.stderr
-    proc = dry(["-m", "gptoss_patch.ops.serve", "20b-tp1", "--model", str(ckpt), "--tokenizer-dir", str(tok)],
+    proc = dry(["-m", "gptoss_patch.tools.serve", "20b-tp1", "--model", str(ckpt), "--tokenizer-dir", str(tok)],
                VLLM_PLUGINS="ascend,gptoss_patch")
     assert "VLLM_PLUGINS" not in proc.stderr

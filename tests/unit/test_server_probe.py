@@ -1,4 +1,4 @@
-"""gptoss_patch.ops.server_probe / ``verify --server`` against a real OpenAI-style server that is not ours.
+"""gptoss_patch.tools.server_probe / ``verify --server`` against a real OpenAI-style server that is not ours.
 
 The server is transformers' own ``transformers serve`` (transformers 4.57.1) hosting the tiny GPT-OSS
 checkpoint on 127.0.0.1, offline (HF_HUB_OFFLINE=1), started and stopped by the module fixture. It is
@@ -25,13 +25,13 @@ import urllib.request
 import pytest
 
 from conftest import ROOT, clean_env
-from gptoss_patch.ops.server_probe import plugin_filter_warning, probe_server
+from gptoss_patch.tools.server_probe import plugin_filter_warning, probe_server
 
 
 def shared_tiny(tmp_path_factory):
     """The tiny checkpoint (with tokenizer files), written once per session under pytest's base temp
     and shared by test_serve, test_checkpoint and test_server_probe (tests copy it before editing)."""
-    from gptoss_patch.testing.tiny import write_checkpoint
+    from gptoss_patch.selftest.tiny import write_checkpoint
 
     path = tmp_path_factory.getbasetemp() / "ops-kit-tiny"
     if not (path / ".complete").is_file():
@@ -173,7 +173,7 @@ SEED_VLLM_CHAT = json.loads(
 
 
 def test_checks_pass_on_the_recorded_vllm_answer():
-    from gptoss_patch.ops.server_probe import ProbeReport, check_chat_response
+    from gptoss_patch.tools.server_probe import ProbeReport, check_chat_response
 
     report = ProbeReport(url="-")
     check_chat_response(SEED_VLLM_CHAT, "gpt-oss-120b-bf16", report)
@@ -185,7 +185,7 @@ def test_checks_pass_on_the_recorded_vllm_answer():
 def test_checks_on_broken_variants_of_the_recorded_answer():
     import copy
 
-    from gptoss_patch.ops.server_probe import ProbeReport, check_chat_response
+    from gptoss_patch.tools.server_probe import ProbeReport, check_chat_response
 
     final_in_reasoning = copy.deepcopy(SEED_VLLM_CHAT)  # vllm#23694: the answer lands in the reasoning field
     final_in_reasoning["choices"][0]["message"]["content"] = None

@@ -17,9 +17,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gptoss_patch.testing.npu_sim import ops as sim_ops
-from gptoss_patch.testing.npu_sim._base import NotEmulatedError
-from gptoss_patch.testing.npu_sim.ops import attention as A
+from gptoss_patch_testkit.npu_sim import ops as sim_ops
+from gptoss_patch_testkit.npu_sim._base import NotEmulatedError
+from gptoss_patch_testkit.npu_sim.ops import attention as A
 
 FIA = A.npu_fused_infer_attention_score
 FIA2 = A.npu_fused_infer_attention_score_v2

@@ -14,7 +14,7 @@ from sim_ranks import run_two_ranks
 _WORKER = textwrap.dedent(r"""
     import json, os, sys
     import torch
-    from gptoss_patch.testing import npu_sim
+    from gptoss_patch_testkit import npu_sim
     npu_sim.install()
     import torch.distributed as dist
 

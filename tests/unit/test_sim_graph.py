@@ -18,22 +18,22 @@ import types
 import pytest
 import torch
 
-from gptoss_patch.testing import npu_sim
+from gptoss_patch_testkit import npu_sim
 
 npu_sim.install()
 
 import torch_npu  # noqa: E402  (the simulated module)
 
-from gptoss_patch.testing.npu_sim import graph as G  # noqa: E402
-from gptoss_patch.testing.npu_sim._base import NotEmulated, NotEmulatedError  # noqa: E402
+from gptoss_patch_testkit.npu_sim import graph as G  # noqa: E402
+from gptoss_patch_testkit.npu_sim._base import NotEmulated, NotEmulatedError  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
 def _isolated():
-    G._reset_state()
+    G.reset_state()
     with torch.npu.stream(torch.npu.default_stream()):
         yield
-    G._reset_state()
+    G.reset_state()
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -480,7 +480,7 @@ def test_external_event_orders():
     ev.record(s2)
     with pytest.raises(RuntimeError, match="reset before reuse"):
         ev.record(s2)
-    G._reset_state()
+    G.reset_state()
     ev2 = torch.npu.ExternalEvent()
     ev2.record(s2)
     with pytest.raises(RuntimeError, match="no wait consumed"):

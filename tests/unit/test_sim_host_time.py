@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from gptoss_patch.testing import npu_sim
-from gptoss_patch.testing.npu_sim import device
-from gptoss_patch.testing.npu_sim.host_time import STUBS, host_time_only
+from gptoss_patch_testkit import npu_sim
+from gptoss_patch_testkit.npu_sim import device
+from gptoss_patch_testkit.npu_sim.host_time import STUBS, host_time_only
 
 
 @pytest.fixture(scope="module")

@@ -19,12 +19,12 @@ from sim_ranks import run_two_ranks
 _WORKER = textwrap.dedent(r"""
     import json, sys
     import torch
-    from gptoss_patch.testing import npu_sim
+    from gptoss_patch_testkit import npu_sim
     npu_sim.install()
     import torch.distributed as dist
     import torch_npu
-    from gptoss_patch.testing.npu_sim import device
-    from gptoss_patch.testing.npu_sim._base import NotEmulatedError
+    from gptoss_patch_testkit.npu_sim import device
+    from gptoss_patch_testkit.npu_sim._base import NotEmulatedError
 
     rank = int(sys.argv[1])
     dist.init_process_group("hccl", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=rank, world_size=2)
@@ -136,7 +136,7 @@ _WORKER = textwrap.dedent(r"""
         torch.zeros(2, H, dtype=torch.bfloat16), two, "no-such-comm", 2, rank, E))
     out["quant"] = refused(lambda: torch_npu.npu_moe_distribute_dispatch_v2(
         torch.zeros(2, H, dtype=torch.bfloat16), two, name, 2, rank, E, quant_mode=2))
-    from gptoss_patch.testing.npu_sim.ops import moe_distribute
+    from gptoss_patch_testkit.npu_sim.ops import moe_distribute
     out["float32"] = refused(lambda: torch_npu.npu_moe_distribute_dispatch_v2(
         torch.zeros(2, H), two, name, 2, rank, E))  # the simulator's extension: runs (and exchanges with the peer)
     moe_distribute.ACCEPT_FLOAT32 = False

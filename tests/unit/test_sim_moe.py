@@ -15,9 +15,9 @@ import torch
 from hypothesis import given, settings, strategies as st  # noqa: E402
 
 from gptoss_patch.kernels.moe import route_gptoss, swigluoai  # noqa: E402
-from gptoss_patch.testing.npu_sim._base import NotEmulatedError  # noqa: E402
-from gptoss_patch.testing.npu_sim.ops import OPS as ALL_OPS  # noqa: E402
-from gptoss_patch.testing.npu_sim.ops import moe as sim  # noqa: E402
+from gptoss_patch_testkit.npu_sim._base import NotEmulatedError  # noqa: E402
+from gptoss_patch_testkit.npu_sim.ops import OPS as ALL_OPS  # noqa: E402
+from gptoss_patch_testkit.npu_sim.ops import moe as sim  # noqa: E402
 
 NAN = float("nan")
 BF16, F32, F64 = torch.bfloat16, torch.float32, torch.float64

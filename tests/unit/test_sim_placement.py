@@ -13,11 +13,11 @@ import threading
 import pytest
 import torch
 
-from gptoss_patch.testing import npu_sim
+from gptoss_patch_testkit import npu_sim
 
 torch_npu = npu_sim.install()
-from gptoss_patch.testing.npu_sim import device, placement  # noqa: E402
-from gptoss_patch.testing.npu_sim.placement import PlacementError  # noqa: E402
+from gptoss_patch_testkit.npu_sim import device, placement  # noqa: E402
+from gptoss_patch_testkit.npu_sim.placement import PlacementError  # noqa: E402
 
 
 def _cache_args(device_of):
@@ -183,7 +183,7 @@ def test_moving_a_module_and_rebinding_parameter_memory():
 
 def test_vllm_ascend_kernels_take_npu_tensors():
     """``torch.ops._C_ascend`` (vllm-ascend's compiled kernels; the simulator's registrations, ops/moe.py)."""
-    from gptoss_patch.testing.npu_sim.ops import moe
+    from gptoss_patch_testkit.npu_sim.ops import moe
 
     moe.register_c_ascend_ops()
     with placement.audit():
@@ -214,26 +214,34 @@ def test_audits_in_a_row_forget_what_they_saw_and_freed_memory_is_forgotten():
         torch_npu.npu_swiglu(torch.cat([cached, cached]).view(2, 4))
 
 
-def test_the_harness_bring_up_leaves_a_real_torch_npu_alone(tmp_path):
-    """On an Ascend host (a real ``torch_npu`` importable), the harnesses neither install the simulator nor ask for it
-    in children, and vLLM's device group uses HCCL (``vllm_setup.distributed_backend``); here a directory holding a
-    ``torch_npu`` package stands for the real one."""
+def test_the_harness_bring_up_asks_the_torch_npu_present(tmp_path):
+    """The harnesses never decide to simulate (``gptoss_patch.selftest.device``): with a real ``torch_npu``
+    importable they bring vLLM up on it with HCCL and the simulator stays out; with none, they stop with the hint
+    naming the testkit; with the testkit's switch on (``GPTOSS_PATCH_SIMULATE_NPU=1``, its start-up finder) the
+    simulator serves and the device group runs on gloo. Here a directory holding a ``torch_npu`` package stands for
+    the real one."""
     fake = tmp_path / "site" / "torch_npu"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("")
     code = textwrap.dedent("""
-        import os, sys
-        from gptoss_patch.testing import npu_sim, vllm_setup
-        vllm_setup._prepare_process()
-        print(npu_sim.real_npu_host(), npu_sim.is_installed(), vllm_setup.distributed_backend(),
-              os.environ.get("GPTOSS_PATCH_SIMULATE_NPU"))
+        from gptoss_patch.selftest import device
+        from gptoss_patch.selftest import worker as vllm_setup
+        from gptoss_patch_testkit import npu_sim
+        try:
+            vllm_setup._prepare_process()
+            state = "ready"
+        except ImportError as exc:
+            state = "no-npu" if "gptoss-patch-testkit" in str(exc) else repr(exc)
+        print(state, npu_sim.is_installed(), device.distributed_backend() if state == "ready" else "-")
     """)
     env = {k: v for k, v in os.environ.items() if k != "GPTOSS_PATCH_SIMULATE_NPU"}
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), *sys.path])
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["True", "False", "hccl", "None"]
-    env["PYTHONPATH"] = os.pathsep.join(sys.path)  # no torch_npu: the simulator, gloo
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split() == ["False", "True", "gloo", "1"]
+
+    def run(pythonpath, **extra):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                              env=dict(env, PYTHONPATH=os.pathsep.join(pythonpath), **extra))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.split()
+
+    assert run([str(tmp_path / "site"), *sys.path]) == ["ready", "False", "hccl"]
+    assert run(sys.path) == ["no-npu", "False", "-"]
+    assert run(sys.path, GPTOSS_PATCH_SIMULATE_NPU="1") == ["ready", "True", "gloo"]

@@ -6,10 +6,10 @@ import datetime
 import pytest
 import torch
 
-from gptoss_patch.testing import npu_sim
+from gptoss_patch_testkit import npu_sim
 
 torch_npu = npu_sim.install()
-from gptoss_patch.testing.npu_sim import runtime  # noqa: E402
+from gptoss_patch_testkit.npu_sim import runtime  # noqa: E402
 
 
 def test_capacity_from_the_environment(monkeypatch):
@@ -152,7 +152,7 @@ def test_custom_op_aliasing_check_warns_under_ci_as_on_a_shell():
     env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_ERROR_ON_CUSTOM_OP_ALIASING"}
     env["CI"] = "1"
     plain = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300)
-    sim = subprocess.run([sys.executable, "-c", "from gptoss_patch.testing import npu_sim; npu_sim.install()\n" + probe],
+    sim = subprocess.run([sys.executable, "-c", "from gptoss_patch_testkit import npu_sim; npu_sim.install()\n" + probe],
                          env=env, capture_output=True, text=True, timeout=300)
     assert plain.stdout.strip() == "raised", plain.stdout + plain.stderr[-2000:]
     assert sim.stdout.strip() == "warned", sim.stdout + sim.stderr[-2000:]
@@ -177,7 +177,7 @@ def test_torchair_register_replacement_records_without_rewriting():
     simulator never runs that compiler, so the record is all there is (and nothing is traced or rewritten)."""
     import torchair
 
-    from gptoss_patch.testing.npu_sim import graph
+    from gptoss_patch_testkit.npu_sim import graph
 
     before = len(graph.TORCHAIR_REPLACEMENTS)
     calls = []
@@ -212,9 +212,9 @@ def _with_and_without_hook(tmp_path, files: dict[str, str], setup: str, expr: st
         for parent in path.relative_to(tmp_path).parents:
             if str(parent) != ".":
                 (tmp_path / parent / "__init__.py").touch()
-    head = ("from gptoss_patch.testing import npu_sim\n"
+    head = ("from gptoss_patch_testkit import npu_sim\n"
             "npu_sim.install()\n"
-            "from gptoss_patch.testing.npu_sim import device\n")
+            "from gptoss_patch_testkit.npu_sim import device\n")
     undo = ("import wrapt.importer as wi\n"
             f"for name in {hooks}: wi._post_import_hooks.pop(name, None)\n")
     body = setup + f"try:\n    print({expr})\nexcept Exception as e:\n    print('failed: ' + str(e)[:80])\n"
@@ -248,7 +248,7 @@ def test_integer_histc_counts_like_aclnnhistc_where_cpu_torch_has_no_kernel():
     PyTorch's CPU kernel does not. With the simulator's mapping the counts equal ``bincount`` (bins = experts, bounds
     inclusive), in the input's dtype; values outside the bounds are not counted; ``min == max`` takes the tensor's own
     extremes; bad bounds are refused naming them."""
-    from gptoss_patch.testing.npu_sim.ops.misc import integer_histc
+    from gptoss_patch_testkit.npu_sim.aten import integer_histc
 
     ids = torch.tensor([[0, 3], [1, 1], [3, 2], [1, 0]], dtype=torch.int32)
     with torch._C.DisableTorchFunction(), pytest.raises(RuntimeError, match="histogram_cpu|not implemented"):
@@ -294,7 +294,7 @@ def test_simulated_modules_can_be_reloaded_after_a_programmatic_install():
     import sys
 
     probe = ("import importlib, sys\n"
-             "from gptoss_patch.testing import npu_sim\n"
+             "from gptoss_patch_testkit import npu_sim\n"
              "npu_sim.install()\n"
              "import torchair.fx_summary\n"
              "m = importlib.reload(sys.modules['torchair.fx_summary'])\n"

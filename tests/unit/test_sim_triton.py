@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from gptoss_patch.testing.npu_sim import triton_kernels as T
+from gptoss_patch_testkit.npu_sim import triton_kernels as T
 
 PAD = -1
 

@@ -12,7 +12,7 @@ def test_pythonpath_activation_and_chaining(tmp_path):
     other = tmp_path / "other"
     other.mkdir()
     (other / "sitecustomize.py").write_text("import builtins\nbuiltins.CHAINED = True\n")
-    code = ("import sys, builtins; print(any(type(f).__name__ == '_ActivateOnImport' for f in sys.meta_path), "
+    code = ("import sys, builtins; print(any(getattr(f, '__name__', '') == '_gptoss_patch_hook' for f in sys.meta_path), "
             "getattr(builtins, 'CHAINED', False))")
     env = clean_env(PYTHONPATH=f"{ROOT / 'sitecustomize'}:{other}")
     proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, env=env)
@@ -25,7 +25,7 @@ def test_pythonpath_activation_with_disable_keeps_only_the_guard(tmp_path):
     # activation decides "disabled" and patches nothing (see test_bootstrap for the decision itself).
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
-    code = "import sys; print(any(type(f).__name__ == '_ActivateOnImport' for f in sys.meta_path))"
+    code = "import sys; print(any(getattr(f, '__name__', '') == '_gptoss_patch_hook' for f in sys.meta_path))"
     env = clean_env(PYTHONPATH=str(ROOT / "sitecustomize"), GPTOSS_PATCH_DISABLE="1")
     proc = subprocess.run([str(venv / "bin" / "python"), "-c", code], capture_output=True, text=True, env=env)
     assert proc.stdout.strip() == "True" and proc.stderr == ""

@@ -1,7 +1,7 @@
 """Tiny GPT-OSS checkpoints: the public BF16 release layout, determinism, and a non-degenerate model.
 
 Expected values here are written out from the public gpt-oss configs and transformers' tensor
-layout, never taken from gptoss_patch.testing.tiny itself.
+layout, never taken from gptoss_patch.selftest.tiny itself.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from gptoss_patch.testing import tiny  # noqa: E402
+from gptoss_patch.selftest import tiny  # noqa: E402
 
 # The public gpt-oss config values a tiny checkpoint must keep.
 PUBLIC_ROPE_SCALING = {

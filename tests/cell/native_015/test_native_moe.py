@@ -1,6 +1,6 @@
 """MoE calibration: vllm-ascend's native unquantised GPT-OSS MoE on the simulator vs transformers, per native cell.
 
-The layer is built and loaded the way vLLM does it: :func:`gptoss_patch.testing.native_015.load_native_model`
+The layer is built and loaded the way vLLM does it: :func:`gptoss_patch.selftest.native.load_native_model`
 runs vLLM's ``get_model`` on a tiny GPT-OSS checkpoint (written by transformers' own classes), so the MoE is
 vLLM's ``MLPBlock`` whose ``FusedMoE`` became vllm-ascend's ``AscendFusedMoE`` (``register_ascend_customop``),
 loaded through ``GptOssModel._load_weights_other`` and ``AscendUnquantizedFusedMoEMethod.
@@ -32,7 +32,7 @@ import torch
 from conftest import ROW, run_python
 
 from gptoss_patch import matrix
-from gptoss_patch.testing import native_015 as n015
+from gptoss_patch.selftest import native as n015
 
 #: The cell row's MoE verdict: ``patched`` on layout G (0.17.0rc1, 0.18.0), ``native`` on the others.
 MOE_PATCHED = ROW.caps["moe"].state == matrix.PATCHED
@@ -155,7 +155,7 @@ import json, sys
 import torch
 import wrapt
 import gptoss_patch
-from gptoss_patch.testing import native_015 as n015
+from gptoss_patch.selftest import native as n015
 cfg, ckpt = n015.vllm_context()
 native = n015.load_native_model(cfg)
 hf = n015.load_reference_model(ckpt)

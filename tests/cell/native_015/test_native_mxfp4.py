@@ -27,7 +27,7 @@ import pytest
 from conftest import ROW, run_python
 
 from gptoss_patch import matrix
-from gptoss_patch.testing import serve_job
+from gptoss_patch_testkit.jobs import serve_job
 
 WORKDIR = Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job"
 
@@ -35,9 +35,10 @@ CHILD = """
 import json, sys
 import torch
 import gptoss_patch
-from gptoss_patch.testing import native_015 as n015, vllm_setup
-from gptoss_patch.testing.tiny import write_checkpoint
-from gptoss_patch.testing.runner import _transformers_mxfp4_model
+from gptoss_patch.selftest import native as n015
+from gptoss_patch.selftest import worker as vllm_setup
+from gptoss_patch.selftest.tiny import write_checkpoint
+from gptoss_patch_testkit.jobs.runner import _transformers_mxfp4_model
 ckpt = write_checkpoint(vllm_setup.process_scratch("gptoss-mxfp4-"), preset="tiny-mxfp4", seed=0, tokenizer=False,
                         quantization="mxfp4")
 out = {}
@@ -96,7 +97,7 @@ def test_mxfp4_checkpoint_without_gptoss_patch_is_rejected_by_vllm():
 
 def test_every_rank_loads_what_vllms_bf16_loader_loads_from_transformers_dequantization():
     """The per-rank check of the patched cells (tests/cell/test_mxfp4.py), on a natively supporting release."""
-    from gptoss_patch.testing.mxfp4_case import check_every_rank
+    from gptoss_patch_testkit.mxfp4_case import check_every_rank
 
     check_every_rank()
 

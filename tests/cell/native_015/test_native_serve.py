@@ -22,7 +22,7 @@ import pytest
 from conftest import ROW
 
 from gptoss_patch import matrix
-from gptoss_patch.testing import serve_job
+from gptoss_patch_testkit.jobs import serve_job
 
 WORKDIR = Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job"
 
@@ -91,7 +91,7 @@ if matrix.native_attention(ROW):  # 0.19.1rc1: upstream's own attention serves G
         of that model; from GPT-OSS's own 128-key window they are far (every prompt is longer than 128 tokens).
 
         Upstream's ``BlockTable.compute_slot_mapping`` launches vLLM's Triton kernel ``_compute_slot_mapping_kernel``:
-        the simulator emulates it (:mod:`gptoss_patch.testing.npu_sim.triton_kernels`).
+        the simulator emulates it (:mod:`gptoss_patch_testkit.npu_sim.triton_kernels`).
         """
         report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=8, startup_timeout=600,
                                checkpoint_format="bf16-tp2", tensor_parallel_size=2)

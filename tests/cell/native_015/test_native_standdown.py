@@ -86,9 +86,9 @@ def test_fresh_interpreter_takes_the_rows_verdict_and_wraps_only_its_patches(cel
 
 @pytest.mark.expensive(90)
 def test_verify_reports_the_verdict_and_every_gap_and_exits_0():
-    # --simulate: what a user without an NPU runs; on H/G it names where the engine-level check is instead of
+    # the testkit's verify: what a user without an NPU runs; on H/G it names where the engine-level check is instead of
     # running the runner's main job (whose rules cover 0.11-0.14), on stand-down rows there is nothing to run
-    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--simulate", "--json"], capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch_testkit.verify", "--json"], capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     report = json.loads(proc.stdout[proc.stdout.index("{"):])
@@ -109,7 +109,7 @@ def test_verify_reports_the_verdict_and_every_gap_and_exits_0():
         assert "test_native_serve.py" in report["main_job"]["skipped"]
     else:
         assert "main_job" not in report
-    # the table `verify --simulate` prints without --json is print_human of this same report (verify.main): rendered
+    # the table testkit `verify` prints without --json is print_human of this same report (verify.main): rendered
     # here from the JSON rather than by a second run of verify and its three child interpreters
     out = io.StringIO()
     with contextlib.redirect_stdout(out):

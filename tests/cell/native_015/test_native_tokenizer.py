@@ -1,4 +1,4 @@
-"""The GPT-OSS tokenizer files (``gptoss_patch.ops.tokenizer``) build and load with this cell's transformers.
+"""The GPT-OSS tokenizer files (``gptoss_patch.tools.tokenizer``) build and load with this cell's transformers.
 
 vLLM 0.19 brings transformers 5.x, whose ``TikTokenConverter`` renamed its special-tokens keyword
 (``additional_special_tokens`` -> ``extra_special_tokens``; the old one is swallowed by ``**kwargs``) and whose
@@ -17,7 +17,7 @@ def test_tokenizer_files_build_and_load_with_this_transformers(tmp_path, monkeyp
     import transformers
     from transformers import AutoTokenizer
 
-    from gptoss_patch.ops import tokenizer as tk
+    from gptoss_patch.tools import tokenizer as tk
 
     monkeypatch.setenv("GPTOSS_PATCH_CACHE_DIR", str(tmp_path / "cache"))  # an empty cache: built here
     written = {p.name for p in tk.write_tokenizer_files(tmp_path / "ckpt")}
