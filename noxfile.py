@@ -410,19 +410,20 @@ def _record(name: str, env_s: float, tests_s: float) -> None:
 #: Time budgets of ``nox -s tests`` in seconds, checked by the ``timings`` session, which fails naming every session
 #: over its budget. ``TEST_BUDGETS``: pytest wall time per session (cells without an entry - added later - take the
 #: default of their suite); ``ENV_BUDGET``: environment time per session (venv reuse or build, installing
-#: gptoss-patch), warm = every venv of the run came from the cache; ``TOTAL_BUDGET``: the whole run. Sized from
-#: runs on CI's machine kind (2 cores, shared) with headroom; CI's hard limit is 90 min, the goal <= 35 min warm
-#: with 9 cells. Budgets live here only: no test asserts a duration.
+#: gptoss-patch), warm = every venv of the run came from the cache; ``TOTAL_BUDGET``: the whole run, the project's CI
+#: budget (DEVELOPERS.md: ``nox -s tests`` <= 60 min warm and <= 75 min cold on CI's machine kind, 2 shared cores; CI's
+#: hard limit is 90 min). Budgets live here only: no test asserts a duration.
 #:
 #: Measured (``bash .ci/run`` on a clean clone, CI's machine kind; the ``timings`` session prints these per run; the
-#: README no longer carries times). 2026-12-04, the house step (a6b2f2d): warm, 2152 s in all (35.9 min) - unit 149 s,
-#: cell-0.11.0 400 s, 0.12.0rc1 222 s, 0.13.0 252 s, 0.14.0rc1 277 s, 0.15.0rc1 158 s, 0.16.0rc1 158 s, 0.17.0rc1 172 s,
-#: 0.18.0 174 s, 0.19.1rc1 169 s, every environment 2 s (a `nox -s demo` ran beside it for 82 s). Cold on a new
-#: machine the same day (every venv built by uv, 27-58 s each): the builds add about 6 min.
+#: README carries no times). 2026-12-05, the house step (d115b03), cold on a new machine (every venv built by uv, 26-78 s
+#: each), two review helpers working beside it: 2817 s in all (46.9 min) - unit 160 s, cell-0.11.0 525 s, 0.12.0rc1
+#: 254 s, 0.13.0 235 s, 0.14.0rc1 265 s, 0.15.0rc1 185 s, 0.16.0rc1 169 s, 0.17.0rc1 253 s, 0.18.0 182 s, 0.19.1rc1
+#: 223 s; environments 355 s of it. Where the time goes: the cells' ``vllm serve`` starts and the 0.11.0 cell's
+#: served jobs (eager, PIECEWISE, FULL_DECODE_ONLY, TP 2, EP 2 / MC2, Ray).
 TEST_BUDGETS = {"unit": 600, "cell-0.11.0": 1500}
 DEFAULT_TEST_BUDGET = {"patched": 1200, "native": 700}
 ENV_BUDGET = {"warm": 90, "cold": 400}
-TOTAL_BUDGET = {"warm": 80 * 60, "cold": 88 * 60}
+TOTAL_BUDGET = {"warm": 60 * 60, "cold": 75 * 60}
 
 #: pytest-xdist workers per session (one per core; CI has 2). Cells: ``loadgroup`` - tests sharing an expensive run
 #: carry ``xdist_group`` marks (tests/cell/conftest.py ``verify_simulate``), the rest are spread one by one. Unit:

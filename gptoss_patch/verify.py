@@ -163,6 +163,12 @@ def _stack_section(report: dict[str, Any]) -> Any:
         status = gptoss_patch.status()
     report["status"] = status.as_dict()
     report["import_error"] = import_error  # None, or why importing the patch targets failed
+    report["tested_here"] = tested_here(status, versions)
+    if status.decision in ("apply", "stand-down") and not report["tested_here"]:
+        report["warnings"].append(
+            f"vllm-ascend {versions.vllm_ascend} with vllm {versions.vllm} has not run in gptoss-patch's tests: the "
+            f"verdict is judged from released sources (row {status.row}); `verify --selftest` checks the numbers on "
+            "your NPU")
     if status.decision in ("refuse", "disabled") and versions.vllm_ascend is not None:
         report["problems"].append(f"stack not covered: {status.reason}")
     if import_error and "torch_npu" in import_error:
@@ -183,6 +189,25 @@ def _stack_section(report: dict[str, Any]) -> Any:
         if cap["state"] == "deviates":
             report["warnings"].append(f"{name} deviates upstream: {cap['note']}")
     return status
+
+
+def tested_here(status: Any, versions: Any) -> str | None:
+    """The nox cell (``cell-<release>``) that runs gptoss-patch's suite against exactly this pair, or None: the
+    decision's matrix row is ``tested`` and the installed vllm-ascend and vLLM are that row's release and pairing. A
+    decision resting on an untested row, a nearby tested row (a local or dev build) or a declared ``VLLM_VERSION`` is
+    judged from sources, not run (issue 32: no "covered" for what never ran).
+
+    Args:
+        status: :class:`gptoss_patch.registry.Status` (its ``row``).
+        versions: :class:`gptoss_patch.environment.Versions` (a ``vllm`` declared by ``VLLM_VERSION`` is not run).
+    """
+    from gptoss_patch import matrix, pairing
+
+    row = next((r for r in matrix.ROWS if r.vllm_ascend == status.row), None)
+    if row is None or not row.tested or versions.vllm_ascend != row.vllm_ascend or versions.vllm != row.vllm \
+            or pairing.declared_vllm(versions):
+        return None
+    return f"cell-{row.vllm_ascend}"
 
 
 def _environment_section(report: dict[str, Any]) -> None:
@@ -394,7 +419,7 @@ def print_human(report: dict[str, Any]) -> None:
 
         st_ = report["selftest"]
         st_obj = SelfTest(st_["device"], st_["rows"], [CaseResult(**c) for c in st_["cases"]], st_["not_covered"],
-                          st_["seconds"])
+                          st_["seconds"], tuple(st_.get("required", ())))
         for line in st_obj.lines():
             print("  " + line)
     vocab = report.get("harmony_vocabulary")
@@ -410,7 +435,12 @@ def print_human(report: dict[str, Any]) -> None:
         print("  PROBLEMS:")
         for p in report["problems"]:
             print(f"    - {p}")
-    print("  result: " + ("OK - this stack is covered" if report["ok"] else "NOT OK"))
+    if not report["ok"]:
+        print("  result: NOT OK")
+    elif report.get("tested_here"):
+        print(f"  result: OK - this stack is covered (tested here: {report['tested_here']})")
+    else:
+        print("  result: OK - judged from sources (this pair has not run in gptoss-patch's tests)")
 
 
 def _print_matrix() -> None:
@@ -431,7 +461,8 @@ def matrix_json() -> dict[str, Any]:
     first): ``vllm_ascend``, ``vllm`` (None when unpaired), ``torch``, ``torch_npu``, ``cann`` (str), ``verdict``
     (``apply`` / ``stand-down`` / ``refuse``), ``layout`` (str or None), ``tested`` (bool: a nox cell runs the suite
     against the release's wheels), ``cell`` (that cell's name or None), ``patched`` (bool: verdict *apply*),
-    ``covered`` (bool: *apply* or *stand-down*), ``capabilities`` (name -> ``{"state", "note"}``, state one of
+    ``covered`` (bool: *apply* or *stand-down*, and ``tested``), ``judged_from_sources`` (bool: *apply* or
+    *stand-down* on a release no cell runs: the verdict was read from its released sources), ``capabilities`` (name -> ``{"state", "note"}``, state one of
     ``native`` / ``patched`` / ``deviates`` / ``refused``) and ``note``. ``newer_releases`` is what any release after
     the newest row gets (``after``, ``verdict`` *refuse*, ``tested`` False, ``note``).
     """
@@ -442,13 +473,15 @@ def matrix_json() -> dict[str, Any]:
         rows.append({"vllm_ascend": r.vllm_ascend, "vllm": r.vllm, "torch": r.torch, "torch_npu": r.torch_npu,
                      "cann": r.cann, "verdict": r.verdict, "layout": r.layout, "tested": bool(r.tested),
                      "cell": f"cell-{r.vllm_ascend}" if r.tested else None,
-                     "patched": r.verdict == matrix.APPLY, "covered": r.verdict in (matrix.APPLY, matrix.STAND_DOWN),
+                     "patched": r.verdict == matrix.APPLY,
+                     "covered": r.verdict in (matrix.APPLY, matrix.STAND_DOWN) and bool(r.tested),
+                     "judged_from_sources": r.verdict in (matrix.APPLY, matrix.STAND_DOWN) and not r.tested,
                      "capabilities": {name: {"state": cap.state, "note": cap.note} for name, cap in r.caps.items()},
                      "note": r.note})
     newer = matrix.table()[-1]
     return {"rows": rows, "newer_releases": {"after": matrix.newest_row(matrix.ROWS).vllm_ascend,
                                              "verdict": matrix.REFUSE, "tested": False, "patched": False,
-                                             "covered": False, "note": newer["note"]}}
+                                             "covered": False, "judged_from_sources": False, "note": newer["note"]}}
 
 
 def _selftest_section(report: dict[str, Any]) -> None:

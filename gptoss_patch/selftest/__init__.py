@@ -127,19 +127,28 @@ class SelfTest:
     cases: list[CaseResult] = field(default_factory=list)
     not_covered: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    #: The case families this row must run (the part of a case name before its first ``/``): a family with no case
+    #: fails the self-test (:attr:`missing`), so a device that offers no attention operator path cannot pass it.
+    required: tuple[str, ...] = ()
+
+    @property
+    def missing(self) -> list[str]:
+        """The :attr:`required` families without a single case."""
+        ran = {c.case.split("/", 1)[0] for c in self.cases}
+        return [f for f in self.required if f not in ran]
 
     @property
     def ok(self) -> bool:
-        return bool(self.cases) and all(c.ok for c in self.cases)
+        return bool(self.cases) and all(c.ok for c in self.cases) and not self.missing
 
     @property
     def failed(self) -> list[str]:
-        return [c.case for c in self.cases if not c.ok]
+        return [c.case for c in self.cases if not c.ok] + [f"{f} (no case ran)" for f in self.missing]
 
     def as_dict(self) -> dict[str, Any]:
         return {"device": self.device, "rows": self.rows, "ok": self.ok, "failed": self.failed,
                 "seconds": round(self.seconds, 2), "cases": [asdict(c) for c in self.cases],
-                "not_covered": list(self.not_covered)}
+                "not_covered": list(self.not_covered), "required": list(self.required), "missing": self.missing}
 
     def lines(self) -> list[str]:
         out = [f"self-test on {self.device} ({self.rows}); reference: transformers GPT-OSS, float32",
@@ -411,6 +420,11 @@ def _checkpoint():
         yield tmp
 
 
+#: The case families every self-test of a patched / native row must run (:attr:`SelfTest.required`).
+REQUIRED_PATCHED = ("attention", "graph", "moe", "yarn")
+REQUIRED_NATIVE = ("attention", "moe")
+
+
 def run(status: Any = None) -> SelfTest:
     """Run the self-test for the stack of this process (activation and, off an NPU, the testkit's simulator must be in
     place: :func:`gptoss_patch.verify.collect` does both).
@@ -446,7 +460,9 @@ def _run(status: Any) -> SelfTest:
         result.not_covered.append(f"everything: the stack is not covered ({status.reason})")
         result.seconds = time.monotonic() - start
         return result
-    if matrix.native_sinks(row):  # upstream's metadata builder; its attention, or ours where H / G patch it
+    native = matrix.native_sinks(row)  # upstream's metadata builder; its attention, or ours where H / G patch it
+    result.required = REQUIRED_NATIVE if native else REQUIRED_PATCHED
+    if native:
         deviates = caps.get("attention", {}).get("state") == matrix.DEVIATES
         _native_attention(result.cases, deviates)
         from gptoss_patch.selftest import native as n015
@@ -460,6 +476,8 @@ def _run(status: Any) -> SelfTest:
         import torch_npu
 
         paths = [p for p in (kernels.V2, kernels.LSE) if _path_available(torch_npu, p)]
+        if not paths:  # the attention and graph families then have no case: say why instead of passing without them
+            result.not_covered.append(f"attention and graph: {_no_path_reason(torch_npu)}")
         _patched_attention(result.cases, paths)
         _graph(result.cases, paths)
         from gptoss_patch.selftest import worker as vllm_setup
@@ -470,6 +488,16 @@ def _run(status: Any) -> SelfTest:
             _yarn(result.cases, cfg, ckpt)
     result.seconds = time.monotonic() - start
     return result
+
+
+def _no_path_reason(torch_npu: Any) -> str:
+    """Why :func:`gptoss_patch.kernels.attention.detect_path` finds no operator path on this ``torch_npu``."""
+    from gptoss_patch.kernels import attention as kernels
+
+    try:
+        return f"path {kernels.detect_path(torch_npu)} detected, yet no path runs"
+    except (kernels.SinkAttentionUnavailable, ValueError) as exc:
+        return str(exc)
 
 
 def _path_available(torch_npu: Any, path: str) -> bool:

@@ -42,6 +42,12 @@ def test_matrix_json_has_typed_values():
     assert rows["0.19.1rc1"]["patched"] is False and rows["0.19.1rc1"]["covered"] is True
     assert rows["0.19.1rc1"]["layout"] is None  # not the table's "-"
     assert rows["0.11.0rc0"]["covered"] is False and rows["0.11.0rc0"]["verdict"] == "refuse"
+    # "covered" only for what ran here (issue 32): an apply or stand-down row no cell runs is judged from sources
+    assert rows["0.11.0"]["covered"] is True and rows["0.11.0"]["judged_from_sources"] is False
+    assert rows["0.11.0rc1"]["covered"] is False and rows["0.11.0rc1"]["judged_from_sources"] is True
+    assert rows["0.23.0"]["covered"] is False and rows["0.23.0"]["judged_from_sources"] is True
+    assert rows["0.11.0rc0"]["judged_from_sources"] is False
+    assert not [r["vllm_ascend"] for r in out["rows"] if r["covered"] and not r["tested"]]
     assert rows["0.11.0"]["capabilities"]["moe"]["state"] == "patched"
     assert out["newer_releases"]["verdict"] == "refuse" and out["newer_releases"]["tested"] is False
     assert out["newer_releases"]["after"] == out["rows"][-1]["vllm_ascend"]
@@ -126,3 +132,23 @@ def test_no_variable_and_no_network_says_which_variable_to_set(tmp_path):
     assert "cannot be reached" in warnings[0] and report["harmony_vocabulary"]["variable"] is None
     human = verify("--no-children", TMPDIR=str(empty_tmp), **NO_NETWORK)
     assert "harmony vocabulary: NOT usable" in human.stdout and "TIKTOKEN_ENCODINGS_BASE" in human.stdout
+
+
+def test_tested_here_names_the_cell_only_for_the_exact_pair_a_cell_runs():
+    from types import SimpleNamespace as NS
+
+    from gptoss_patch.verify import tested_here
+
+    def versions(va, vllm, installed=None):
+        return NS(vllm_ascend=va, vllm=vllm, vllm_installed=installed or vllm)
+
+    assert tested_here(NS(row="0.11.0"), versions("0.11.0", "0.11.0")) == "cell-0.11.0"
+    assert tested_here(NS(row="0.14.0rc1"), versions("0.14.0rc1", "0.14.1")) == "cell-0.14.0rc1"
+    # a dev build decided on the nearest tested row, an unpaired vLLM, VLLM_VERSION declaring another vLLM
+    assert tested_here(NS(row="0.11.0"), versions("0.11.0rc1.dev449+g1a2b3c", "0.11.0")) is None
+    assert tested_here(NS(row="0.11.0"), versions("0.11.0", "0.11.1")) is None
+    assert tested_here(NS(row="0.11.0"), versions("0.11.0", "0.11.0", installed="0.11.1")) is None
+    # stand-down and apply rows no cell runs, no row at all
+    assert tested_here(NS(row="0.23.0"), versions("0.23.0", "0.23.0")) is None
+    assert tested_here(NS(row="0.11.0rc1"), versions("0.11.0rc1", "0.11.0")) is None
+    assert tested_here(NS(row=None), versions("0.40.0", "0.40.0")) is None
