@@ -411,8 +411,8 @@ def _record(name: str, env_s: float, tests_s: float) -> None:
 #: over its budget. ``TEST_BUDGETS``: pytest wall time per session (cells without an entry - added later - take the
 #: default of their suite); ``ENV_BUDGET``: environment time per session (venv reuse or build, installing
 #: gptoss-patch), warm = every venv of the run came from the cache; ``TOTAL_BUDGET``: the whole run, the project's CI
-#: budget (DEVELOPERS.md: ``nox -s tests`` <= 60 min warm and <= 75 min cold on CI's machine kind, 2 shared cores; CI's
-#: hard limit is 90 min). Budgets live here only: no test asserts a duration.
+#: budget (the developers' guide: ``nox -s tests`` <= 60 min warm and <= 75 min cold on CI's machine kind, 2 shared
+#: cores; CI's hard limit is 90 min). Budgets live here only: no test asserts a duration.
 #:
 #: Measured (``bash .ci/run`` on a clean clone, CI's machine kind; the ``timings`` session prints these per run; the
 #: README carries no times). 2026-12-05, the house step (d115b03), cold on a new machine (every venv built by uv, 26-78 s
