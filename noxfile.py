@@ -355,6 +355,7 @@ def overlay_venv(base_py: Path, src: Path, dest: Path) -> Path:
             target.chmod(0o755)
     # the product and, beside it, the testkit (simulator and test jobs: a second distribution, never in the wheel;
     # a tree from before the house step - scripts/test_ids.py --rev - has none)
+    src = src.resolve()  # a relative "testkit" would be read as a PyPI name (there is one), not this folder
     kit = [str(src / "testkit")] if (src / "testkit" / "pyproject.toml").is_file() else []
     _pip(py, "--no-deps", "--reinstall", str(src), *kit)
     _pip(py, "wrapt>=1.16", "packaging>=23")

@@ -7,9 +7,9 @@ simulated NPU.
 * Layouts H and G (0.15.0rc1 - 0.18.0): the main job (PIECEWISE, tensor parallel 2) answers with transformers'
   tokens with the patches; without them (``GPTOSS_PATCH_DISABLE=1`` + ``GPTOSS_PATCH_ALLOW_UNPATCHED=1``) the first prefill hands the
   simulated operator what its documentation excludes - upstream's ``swa_mask`` with sparse_mode 4 (the device accepts
-  it and computes something undocumented: docs/upstream.md §4.4) - and it refuses, so no request is answered. With
-  upstream's later fix of the mask (PR #8387) substituted by hand, 0.15.0rc1 answers exactly the tokens of
-  transformers with a 129-key window - the band deviation (docs/upstream.md §4.3) - and not GPT-OSS's.
+  it and computes something undocumented: docs/upstream.md §4.4) - and it refuses, so no request is answered.
+  (Upstream's later fix of the mask, PR #8387, is not served here with the 0.15 - 0.18 code: what it computes is the
+  129-key band that 0.19.1rc1 serves below.)
 * 0.19.1rc1 (upstream's attention, ``attention deviates``): the same main job answers exactly the tokens of
   transformers with a 129-key window - the release's documented band - and not GPT-OSS's 128 (calibration through the
   real engine; its slot-mapping Triton kernel is emulated, docs/simulator.md).
