@@ -640,10 +640,10 @@ def test_flash_attention_packed_prefill(dtype):
     t = sum(lens) + pad
     q, k, v = rand(gen, t, n, d).to(dtype), rand(gen, t, kvn, d).to(dtype), rand(gen, t, kvn, d).to(dtype)
     tri = torch.ones(16, 16, dtype=torch.bool).triu(1)
-    if dtype == torch.bfloat16:
-        mask = torch.zeros(16, 16, dtype=dtype).masked_fill(tri, 1)  # ATB: bf16 1 = masked
-    else:
-        mask = torch.zeros(16, 16, dtype=dtype).masked_fill(tri, float("-inf"))  # additive
+    # the masks vllm-ascend builds (VA@v0.11.0 attention_mask.py _generate_attn_mask): -inf for fp16 (ATB adds it),
+    # 1 for every other dtype (ATB: nonzero = masked) - float32 too, which the simulator once read as additive
+    # (no causal mask and a +1 bonus on future keys: a served float32 Llama answered other tokens, issue 32)
+    mask = torch.zeros(16, 16, dtype=dtype).masked_fill(tri, float("-inf") if dtype == torch.float16 else 1)
     out = torch.full((t, n, d), 7.0, dtype=dtype)
     A._npu_flash_attention(query=q, key=k, value=v, mask=mask, seq_len=torch.tensor(lens, dtype=torch.int32),
                            scale_value=0.125, num_heads=n, num_kv_heads=kvn, out=out)

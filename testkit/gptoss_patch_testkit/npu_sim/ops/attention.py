@@ -1167,15 +1167,18 @@ def _atb_mask(op: str, mask: torch.Tensor, qdtype: torch.dtype, bsz: int,
               lens_q: list[int], lens_kv: list[int]) -> Callable[[int, int, int], tuple]:
     """ATB NORM mask (docs/operators.md §3.7) -> per-batch ``(allowed, bias)``.
 
-    fp16 (and float32, simulator extension) masks are additive (``-inf``/``-10000`` = masked); bf16, int8,
-    uint8 and bool masks are boolean (nonzero = masked) (HIA-mask; VA@v0.11.0 ``_generate_attn_mask``).
+    fp16 masks are additive (``-inf``/``-10000`` = masked); every other dtype is boolean (nonzero = masked): bf16,
+    int8, uint8 and bool as ATB documents (HIA-mask), and float32 - a simulator extension (the operator documents
+    fp16/bf16 queries) - by the convention of the only caller that builds one: VA@v0.11.0
+    ``attention_mask.py`` ``_generate_attn_mask`` writes ``-inf`` for fp16 and ``1`` for every other dtype. (Reading
+    float32 as additive gave a served float32 Llama no causal mask and a +1 bonus on future keys: issue 32.)
     Shapes ``(max_s, max_s)``, ``(1|B, max_s, max_s)`` or ``(B, 1, max_s)``; batch ``b`` uses
     ``mask[..., :q_s, :kv_s]`` (top-left).
     """
     mask = _check_tensor(op, "mask", mask)
     if mask.dtype not in (torch.float16, torch.bfloat16, torch.float32) + _MASK_DTYPES:
         _fail(op, f"mask dtype {mask.dtype} is not supported (float16/bfloat16/int8/bool)")
-    additive = mask.dtype in (torch.float16, torch.float32)
+    additive = mask.dtype == torch.float16
     if mask.dim() == 2:
         get = lambda b: mask  # noqa: E731
     elif mask.dim() == 3 and (mask.shape[0] in (1, bsz)):
