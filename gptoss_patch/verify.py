@@ -492,7 +492,12 @@ def _selftest_section(report: dict[str, Any]) -> None:
         report["problems"].append(f"self-test not run: {exc} (it needs torch and torch_npu, as vllm-ascend does)")
         report["ok"] = False
         return
-    result = selftest.run()
+    try:
+        result = selftest.run()
+    except Exception as exc:  # noqa: BLE001 - selftest.run reports its own failures; a bug there must not lose --report
+        report["problems"].append(f"self-test crashed: {type(exc).__name__}: {exc}")
+        report["ok"] = False
+        return
     report["selftest"] = result.as_dict()
     if not result.cases:  # the stack is not covered: that is already the problem
         report["warnings"].append("self-test not run: " + "; ".join(result.not_covered))

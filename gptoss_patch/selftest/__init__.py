@@ -427,14 +427,15 @@ REQUIRED_NATIVE = ("attention", "moe")
 
 
 def run(status: Any = None) -> SelfTest:
-    """Run the self-test for the stack of this process (activation and, off an NPU, the testkit's simulator must be in
-    place: :func:`gptoss_patch.verify.collect` does both).
+    """Run the self-test for the stack of this process (activated: :func:`gptoss_patch.verify.collect` does it; off an
+    NPU, ``import torch_npu`` must resolve to gptoss-patch-testkit's simulator, ``GPTOSS_PATCH_SIMULATE_NPU=1``).
 
     Args:
         status: :func:`gptoss_patch.status` (default: read it).
 
     Returns:
-        :class:`SelfTest`; never raises for a failing case (the case says what went wrong). On a stack that is not
+        :class:`SelfTest`; never raises for a failing case (the case says what went wrong), nor when ``torch_npu``
+        cannot be imported or vLLM's bring-up fails (a failed ``bring-up`` line with the reason). On a stack that is not
         covered (decision *refuse* / *disabled*) it has no cases and is not ok. On the simulator the cases run under
         its placement audit (:mod:`gptoss_patch_testkit.npu_sim.placement`): a tensor left in host memory where a
         real NPU needs device memory fails its case, naming the operator and the argument.
@@ -447,7 +448,6 @@ def run(status: Any = None) -> SelfTest:
 def _run(status: Any) -> SelfTest:
     from gptoss_patch import environment, matrix
     from gptoss_patch._state import status as current_status
-    from gptoss_patch.kernels import attention as kernels
 
     start = time.monotonic()
     status = status or current_status()
@@ -463,6 +463,22 @@ def _run(status: Any) -> SelfTest:
         return result
     native = matrix.native_sinks(row)  # upstream's metadata builder; its attention, or ours where H / G patch it
     result.required = REQUIRED_NATIVE if native else REQUIRED_PATCHED
+    try:
+        _run_cases(result, native, caps)
+    except Exception as exc:  # noqa: BLE001 - the device or vLLM's bring-up failed: a failed line, never a traceback
+        result.cases.append(CaseResult("bring-up", None, None, False, error=f"{type(exc).__name__}: {exc}"[:500]))
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def _run_cases(result: SelfTest, native: bool, caps: dict) -> None:
+    """Append the cases of a native (``native``) or patched row to ``result``; raises when the ``torch_npu`` present
+    cannot be imported (:data:`gptoss_patch.selftest.device.NO_NPU_HINT`) or vLLM's bring-up fails."""
+    from gptoss_patch import matrix
+    from gptoss_patch.kernels import attention as kernels
+    from gptoss_patch.selftest import device
+
+    torch_npu = device.torch_npu()
     if native:
         deviates = caps.get("attention", {}).get("state") == matrix.DEVIATES
         _native_attention(result.cases, deviates)
@@ -474,8 +490,6 @@ def _run(status: Any) -> SelfTest:
                                "FULL_DECODE_ONLY (refused for GPT-OSS on this row, or upstream's own graph code)",
                                "the MoE padded to 368 (native rows keep bf16 experts in ND: no padding)"]
     else:
-        import torch_npu
-
         paths = [p for p in (kernels.V2, kernels.LSE) if _path_available(torch_npu, p)]
         if not paths:  # the attention and graph families then have no case: say why instead of passing without them
             result.not_covered.append(f"attention and graph: {_no_path_reason(torch_npu)}")
@@ -487,8 +501,6 @@ def _run(status: Any) -> SelfTest:
             cfg = vllm_setup.engine_config(ckpt)
             _moe(result.cases, cfg)
             _yarn(result.cases, cfg, ckpt)
-    result.seconds = time.monotonic() - start
-    return result
 
 
 def _no_path_reason(torch_npu: Any) -> str:

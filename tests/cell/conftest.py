@@ -219,3 +219,38 @@ def run_selftest(fault: str | None = None, *extra: str, **env_overrides: str) ->
     except ValueError:
         raise AssertionError(f"verify --selftest --json printed no JSON (rc {proc.returncode}): "
                              f"{proc.stdout[-2000:]} {proc.stderr[-3000:]}") from None
+
+
+def selftest_without_torch_npu(report_path) -> tuple[subprocess.CompletedProcess, dict, str]:
+    """``verify --selftest --json --no-children --report REPORT_PATH`` with no ``torch_npu`` to import (the simulator
+    switched off: ``GPTOSS_PATCH_SIMULATE_NPU`` unset), as on an Ascend host whose CANN environment was not sourced.
+    Returns ``(CompletedProcess, report, the report file's text)``.
+
+    Raises:
+        AssertionError: verify printed no JSON document or wrote no report file.
+    """
+    import json
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GPTOSS_PATCH_SIMULATE_NPU", "GPTOSS_PATCH_SIM_FAULT")}
+    proc = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--selftest", "--json", "--no-children",
+                           "--report", str(report_path)], capture_output=True, text=True, env=env, timeout=600)
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        raise AssertionError(f"verify printed no JSON (rc {proc.returncode}): {proc.stdout[-2000:]} "
+                             f"{proc.stderr[-3000:]}") from None
+    assert os.path.exists(report_path), f"no report file written (rc {proc.returncode}): {proc.stderr[-3000:]}"
+    return proc, report, open(report_path, encoding="utf-8").read()
+
+
+def check_selftest_without_torch_npu(report_path) -> None:
+    """The self-test fails with one ``bring-up`` line carrying the hint, exit 1, no traceback, the report written."""
+    from gptoss_patch.selftest.device import NO_NPU_HINT
+
+    proc, report, text = selftest_without_torch_npu(report_path)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    st = report["selftest"]
+    assert st["ok"] is False and [c["case"] for c in st["cases"]] == ["bring-up"], st
+    assert NO_NPU_HINT in st["cases"][0]["error"], st["cases"][0]
+    assert any(p.startswith("self-test failed: bring-up") for p in report["problems"]), report["problems"]
+    assert "Result: **NOT OK**" in text and "bring-up" in text

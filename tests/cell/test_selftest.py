@@ -5,7 +5,7 @@ name exactly the cases that deviation breaks (gptoss_patch/selftest/__init__.py 
 
 import pytest
 
-from conftest import REPORT_SECRETS, run_selftest, selftest_with_query_on_host
+from conftest import REPORT_SECRETS, check_selftest_without_torch_npu, run_selftest, selftest_with_query_on_host
 
 from gptoss_patch import selftest
 
@@ -113,3 +113,9 @@ def test_the_report_of_the_shared_run_shows_the_stack_and_no_secrets(verify_simu
     assert "| VLLM_API_KEY | `(set; value not shown)` |" in text
     assert REPORT_SECRETS["VLLM_API_KEY"] not in text and REPORT_SECRETS["HF_TOKEN"] not in text
     assert "HF_TOKEN" not in text
+
+
+def test_selftest_without_torch_npu_fails_naming_the_fix_and_still_writes_the_report(tmp_path):
+    """No ``torch_npu`` to import (an Ascend host whose CANN environment was not sourced): ``verify --selftest
+    --report`` exits 1 with the hint as a failed ``bring-up`` line and writes the report - no traceback."""
+    check_selftest_without_torch_npu(tmp_path / "report.md")

@@ -9,7 +9,7 @@ cases."""
 
 import pytest
 
-from conftest import ROW, run_selftest, selftest_with_query_on_host
+from conftest import ROW, check_selftest_without_torch_npu, run_selftest, selftest_with_query_on_host
 
 from gptoss_patch import matrix, selftest
 
@@ -68,3 +68,9 @@ def test_a_query_left_in_host_memory_fails_every_attention_case_naming_the_opera
         if c["case"] in ATTENTION:
             assert c["error"].startswith("PlacementError: torch_npu.npu_fused_infer_attention_score"), c
             assert ": query (" in c["error"] and "is in host memory" in c["error"], c
+
+
+def test_selftest_without_torch_npu_fails_naming_the_fix_and_still_writes_the_report(tmp_path):
+    """As in the patched cells: no ``torch_npu`` to import, ``verify --selftest --report`` exits 1 with the hint as a
+    failed ``bring-up`` line (the native harness's vLLM bring-up asks for torch_npu first) and writes the report."""
+    check_selftest_without_torch_npu(tmp_path / "report.md")
