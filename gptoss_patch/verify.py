@@ -528,13 +528,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def main(argv: list[str] | None = None, sections: Sequence[Section] = ()) -> int:
+def main(argv: list[str] | None = None, sections: Sequence[Section] = (), prog_name: str | None = None) -> int:
     """CLI entry point; returns the exit status (0 ok, 1 problems, 2 usage error). ``sections``: extra report
     sections run after the stack check (:data:`Section`; ``python -m gptoss_patch_testkit.verify`` passes the
-    simulated main job)."""
+    simulated main job); ``prog_name``: the usage line's program name when another tool runs this one."""
     from gptoss_patch._cli import parse, prog
 
-    ap = argparse.ArgumentParser(prog=prog("gptoss-patch-verify", "gptoss_patch.verify"),
+    ap = argparse.ArgumentParser(prog=prog_name or prog("gptoss-patch-verify", "gptoss_patch.verify"),
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     ap.add_argument("--matrix", action="store_true", help="print the version matrix and exit")

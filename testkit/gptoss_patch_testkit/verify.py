@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     import _gptoss_patch_testkit_startup  # noqa: F401 - its import installs the finder
     from gptoss_patch import verify
 
-    return verify.main(argv, sections=(main_job_section,))
+    return verify.main(argv, sections=(main_job_section,), prog_name="python -m gptoss_patch_testkit.verify")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,33 @@ def test_the_testkit_readme_lists_its_variables():
     assert {v.name for v in testkit_config.TESTKIT_VARIABLES} <= set(re.findall(r"`(GPTOSS_PATCH_[A-Z_]+)", text))
 
 
+def testkit_readme_rows() -> dict[str, str]:
+    """``{variable: value shown}`` of testkit/README.md's variable table (rows that show a value)."""
+    text = (ROOT / "testkit" / "README.md").read_text(encoding="utf-8")
+    return {n: v.replace("\\|", "|") for n, v in re.findall(r"^\| `(GPTOSS_PATCH_[A-Z_]+)=([^`]*)` \|", text, re.M)}
+
+
+@pytest.mark.parametrize("name", [testkit_config.SIMULATE_NPU, testkit_config.SIM_SOC_VERSION,
+                                  testkit_config.SIM_NPU_MEMORY, testkit_config.SIM_FAULT,
+                                  testkit_config.SIM_UNINITIALISED])
+def test_testkit_readme_value_is_accepted(name):
+    """What testkit/README.md shows for a simulator variable parses as that variable (the product README's rule,
+    carried over when the variables moved to the testkit)."""
+    shown = testkit_readme_rows()[name]
+    var = config.VARIABLES[name]
+    env = {name: shown}
+    if var.kind == "bool":
+        assert shown == "1" and testkit_config.simulate_npu(env) is True
+    elif var.kind == "soc":
+        assert testkit_config.soc_version(env) == int(shown)
+    elif var.kind == "bytes":
+        assert config.size_bytes(name, env) == 8 << 30
+    elif var.kind == "names":
+        assert config.names(name, env) == frozenset(shown.split(",")) == frozenset(var.choices)
+    else:
+        assert var.kind == "choice" and tuple(shown.split("|")) == var.choices
+
+
 @pytest.mark.parametrize("name", [v.name for v in config.VARIABLES.values() if v.readme])
 def test_readme_value_is_accepted(name):
     """What the README shows for a variable parses, and a choice variable shows exactly its choices."""

@@ -207,8 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m gptoss_patch_testkit.jobs.plain_models", description=__doc__.splitlines()[0])
     ap.add_argument("--arch", choices=sorted(ARCHES), default="llama")
     ap.add_argument("--mode", choices=("eager", "PIECEWISE"), default="eager")
-    ap.add_argument("--workdir", type=Path, default=Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR",
-                                                                        "/tmp/gptoss_patch-cache")) / "main-job")
+    from gptoss_patch import config
+
+    ap.add_argument("--workdir", type=Path,
+                    default=Path(config.path(config.CACHE_DIR, "/tmp/gptoss_patch-cache")) / "main-job")
     args = ap.parse_args(argv)
     r = run(args.workdir, args.arch, args.mode)
     problems = r.problems()

@@ -53,15 +53,6 @@ def _real_torch_npu_origin() -> str | None:
     return spec.origin if spec is not None else None
 
 
-def real_npu_host() -> bool:
-    """True when this process runs on the real ``torch_npu``: one is imported, or installed, and the simulator is
-    not installed here (:func:`install` refuses to shadow it unless forced). The harnesses that bring up vLLM's
-    worker state (``testing.vllm_setup``, ``testing.native_015``) then leave the simulator out and use HCCL."""
-    if is_installed():
-        return False
-    return sys.modules.get("torch_npu") is not None or _real_torch_npu_origin() is not None
-
-
 class Services:
     """What the simulated ``torch_npu`` offers the product's self-test through its device seam
     (:mod:`gptoss_patch.selftest.device`), as ``torch_npu.__gptoss_simulator_services__``: the product asks the
