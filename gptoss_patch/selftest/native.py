@@ -118,7 +118,8 @@ def vllm_context(ckpt_dir: str | None = None, dtype: str = "float32"):
     Sources: vllm_ascend 0.15.0rc1 ... 0.19.1rc1 ``worker/worker.py`` (``NPUWorker.__init__``: ``adapt_patch``,
     ``ops.register_dummy_fusion_op``, ``register_ascend_customop``, ``init_ascend_config``,
     ``check_ascend_device_type``; ``_init_worker_distributed_environment``: ``init_distributed_environment``,
-    ``ensure_model_parallel_initialized(tp, pp, pcp, dcp)``, ``init_ascend_model_parallel``).
+    ``ensure_model_parallel_initialized(tp, pp, pcp, dcp)``, ``init_ascend_model_parallel``; the ATB library load,
+    :func:`gptoss_patch.selftest.worker.register_atb_extensions`).
     """
     with _lock:
         if _context:
@@ -163,6 +164,7 @@ def vllm_context(ckpt_dir: str | None = None, dtype: str = "float32"):
             if missing:
                 raise RuntimeError(f"worker patches not applied: {missing}")
             ops.register_dummy_fusion_op()
+            vllm_setup.register_atb_extensions()
             register_ascend_customop(cfg)
             init_ascend_config(cfg)
             check_ascend_device_type()

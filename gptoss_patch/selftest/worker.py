@@ -262,6 +262,25 @@ def _init_runner_globals(cfg: Any) -> None:
         afc.set_mc2_mask(cfg, device)
 
 
+def register_atb_extensions() -> None:
+    """Load torch_npu's ATB operator library as ``NPUWorker.__init__`` does before the model is built: ``torch.ops.atb``
+    and the ATB operators the attention paths launch (``_npu_reshape_and_cache``, ``_npu_flash_attention``...) exist
+    only after it. Skipped on an Atlas A5 from the releases that skip it there (``get_ascend_device_type() !=
+    AscendDeviceType.A5``). Sources: vllm_ascend 0.11.0 ``worker/worker_v1.py`` (unconditional), 0.15.0rc1 ...
+    0.19.1rc1 ``worker/worker.py``; torch_npu ``op_plugin/atb/_atb_ops.py``.
+
+    Raises:
+        ImportError: the torch_npu present has no ``op_plugin.atb._atb_ops`` (every torch_npu vllm-ascend pins has).
+    """
+    import vllm_ascend.utils as vu
+    from torch_npu.op_plugin.atb._atb_ops import _register_atb_extensions
+
+    kind = getattr(vu, "AscendDeviceType", None)
+    if kind is not None and hasattr(kind, "A5") and vu.get_ascend_device_type() == kind.A5:
+        return
+    _register_atb_extensions()
+
+
 def _init_ascend(cfg: Any, worker_patches: bool) -> None:
     """The vllm-ascend part of ``NPUWorker.__init__`` for ``cfg`` (idempotent parts stay idempotent)."""
     import vllm_ascend.utils as vu
@@ -277,6 +296,7 @@ def _init_ascend(cfg: Any, worker_patches: bool) -> None:
             vu._ENABLE_NZ = None
         vu.is_enable_nz(vllm_config=cfg)
     ops.register_dummy_fusion_op()
+    register_atb_extensions()
     vu.register_ascend_customop(cfg)
     init_ascend_config(cfg)
     for name in ("init_ascend_soc_version", "check_ascend_device_type"):  # 0.11.x / 0.15

@@ -616,3 +616,14 @@ def test_activation_normalisation():
     assert normalize_activation(None) == "silu"  # vllm-ascend's own default
     with pytest.raises(TypeError):
         normalize_activation(enum.Enum("Code", {"SWIGLUOAI": 3}).SWIGLUOAI)
+
+
+def test_the_harness_bring_up_loads_the_atb_library_as_npu_worker_does(configs):
+    """``NPUWorker.__init__`` loads torch_npu's ATB operator library before the model is built; the self-test's
+    bring-up must too, or the ATB operators the patched attention launches (``_npu_reshape_and_cache``) are missing
+    on a real NPU. The simulator counts the calls (``npu_sim.runtime.atb_registered``)."""
+    from gptoss_patch_testkit.npu_sim import runtime
+
+    before = runtime.atb_registered()
+    with vllm_setup.ascend_context(vllm_config=configs("bf16")):
+        assert runtime.atb_registered() == before + 1

@@ -359,3 +359,12 @@ def test_sliding_layer_band_reads_vllms_null_block_as_the_129th_key(cfg):
     plain = reference_output(case, sinks=sinks, sliding_window=WINDOW + 1, scale=impl.scale)
     row_diff = (out - plain).abs().amax(dim=(1, 2))
     assert row_diff[[1, 3]].max().item() <= 1e-5 and row_diff[[0, 2]].min().item() > 1e-3
+
+
+def test_the_harness_bring_up_loaded_the_atb_library_as_npu_worker_does(cfg):
+    """``NPUWorker.__init__`` loads torch_npu's ATB operator library (0.15.0rc1 - 0.19.1rc1: unless on an Atlas A5);
+    the native harness's bring-up (:func:`gptoss_patch.selftest.native.vllm_context`, run by the ``cfg`` fixture)
+    did it too. The simulator counts the calls; nothing else in a test process makes one."""
+    from gptoss_patch_testkit.npu_sim import runtime
+
+    assert runtime.atb_registered() >= 1
