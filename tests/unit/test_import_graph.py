@@ -7,7 +7,9 @@ The graph is read statically (``ast``) from the package's source files, nothing 
   is a real circle: which half is initialised first depends on who imports first. None is allowed. (A module's own
   ancestor packages are not an edge unless it takes a name from them: they are always initialised before it, and a
   package ``__init__`` importing its submodules is normal.)
-* **all imports**: the module-level ones plus those inside functions and methods (deferred imports). A cycle here is
+* **all imports**: the module-level ones plus those inside functions and methods (deferred imports), and the calls
+  that import a constant module name (``importlib.import_module("gptoss_patch.x")``, ``__import__``, ``find_spec``,
+  ``pkgutil.resolve_name``, ``runpy.run_module``; positional or ``name=``). A cycle here is
   a layering defect (a lower layer reaching back up), even if it cannot fail at import time. None is allowed, in
   either package, except through the entry points that only forward to the layer below (the package ``__init__`` and
   ``plugin``, which lazily import ``_activation``).
@@ -21,6 +23,7 @@ The graph is read statically (``ast``) from the package's source files, nothing 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -103,6 +106,13 @@ def imports(path: Path, modules: set[str], root: Path = PKG) -> tuple[set[str], 
                 continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 (top if level else deferred).update(targets(child))
+            elif isinstance(child, ast.Call) and import_call_target(child):  # importlib.import_module("a.b") ...
+                target = import_call_target(child)
+                parts = target.split(".")
+                edges = {".".join(parts[:i]) for i in range(1, len(parts) + 1)} & modules - {name}
+                (top if level else deferred).update(edges)
+                named.update(edges & {target})
+                walk(child, level)
             elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 walk(child, False)
             else:
@@ -187,9 +197,31 @@ def test_no_cycle_through_deferred_imports_in_the_testkit():
     assert cycles(every) == []
 
 
+#: Calls that import (or locate for import) the module their first argument (or ``name=``) names.
+IMPORT_CALLS = ("import_module", "__import__", "find_spec", "resolve_name", "run_module")
+#: A string that names the testkit as code would use it: a module path, or an import statement (for ``exec``).
+_TESTKIT_NAME = re.compile(r"^gptoss_patch_testkit(\.\w+)*(:\w+)?$|\b(import|from)\s+gptoss_patch_testkit\b")
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """``id()`` of the docstring constants of ``tree`` (module, classes, functions): prose, not names."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
 def _testkit_references(path: Path) -> list[str]:
-    """``file:line name`` of every import statement or import call in ``path`` that names ``gptoss_patch_testkit``."""
+    """``file:line name`` of every place in ``path`` that names ``gptoss_patch_testkit`` for code: an import statement,
+    an import call (:data:`IMPORT_CALLS`, positional or ``name=``), or any other string that is a testkit module path
+    or an import statement (a module constant handed to ``import_module`` later, a string for ``exec``). Prose that
+    mentions the testkit (docstrings, messages with other words around the name) is not a reference. Not seen: a name
+    assembled at run time from pieces (``"gptoss_patch_" + "testkit"``)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    prose = _docstrings(tree)
     found = []
     for node in ast.walk(tree):
         names: list[str] = []
@@ -197,22 +229,61 @@ def _testkit_references(path: Path) -> list[str]:
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and not node.level:
             names = [node.module or ""]
-        elif isinstance(node, ast.Call):
-            fn = node.func
-            called = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
-            if called in ("import_module", "__import__", "find_spec") and node.args and \
-                    isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
-                names = [node.args[0].value]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose \
+                and _TESTKIT_NAME.search(node.value.strip()):
+            names = ["gptoss_patch_testkit"]
         found += [f"{path.name}:{node.lineno} {n}" for n in names if n.split(".")[0] == "gptoss_patch_testkit"]
     return found
 
 
+def import_call_target(node: ast.Call) -> str | None:
+    """The constant module name an import call (:data:`IMPORT_CALLS`) is given, positional or ``name=``; else None."""
+    fn = node.func
+    called = fn.attr if isinstance(fn, ast.Attribute) else getattr(fn, "id", "")
+    if called not in IMPORT_CALLS:
+        return None
+    args = list(node.args[:1]) + [k.value for k in node.keywords if k.arg == "name"]
+    for a in args:
+        if isinstance(a, ast.Constant) and isinstance(a.value, str):
+            return a.value.split(":")[0]
+    return None
+
+
+#: What the wheel installs besides the package, and what a user copies from this repository: scanned too.
+PRODUCT_FILES = [PKG.parent / "_gptoss_patch_hook.py", PKG.parent / "_gptoss_patch_hook_loader.py",
+                 *sorted((PKG.parent / "sitecustomize").rglob("*.py"))]
+
+
 def test_the_product_never_imports_the_testkit_not_even_lazily():
-    every = [ref for p in sorted(PKG.rglob("*.py")) for ref in _testkit_references(p)]
+    files = [*sorted(PKG.rglob("*.py")), *PRODUCT_FILES]
+    assert all(f.is_file() for f in PRODUCT_FILES) and len(PRODUCT_FILES) >= 3
+    every = [ref for p in files for ref in _testkit_references(p)]
     assert every == []
-    # the scan itself finds each form it looks for
-    probe = PKG.parent / "tests" / "unit" / "test_sim_graph.py"
-    assert _testkit_references(probe), "test_sim_graph.py imports the testkit: the scan must see it"
+
+
+@pytest.mark.parametrize("code", [
+    "import gptoss_patch_testkit",
+    "def f():\n    from gptoss_patch_testkit.npu_sim import placement",
+    "import importlib\ndef f():\n    importlib.import_module('gptoss_patch_testkit.npu_sim')",
+    "import importlib\ndef f():\n    importlib.import_module(name='gptoss_patch_testkit')",
+    "import importlib.util\nimportlib.util.find_spec('gptoss_patch_testkit')",
+    "_TK = 'gptoss_patch_testkit'\ndef f():\n    import importlib; importlib.import_module(_TK)",
+    "def f():\n    exec('import gptoss_patch_testkit')",
+    "import pkgutil\npkgutil.resolve_name('gptoss_patch_testkit.verify:main')",
+    "import runpy\nrunpy.run_module('gptoss_patch_testkit.verify')",
+])
+def test_the_testkit_scan_sees_each_form(tmp_path, code):
+    probe = tmp_path / "probe.py"
+    probe.write_text(code + "\n", encoding="utf-8")
+    assert _testkit_references(probe), code
+
+
+def test_the_testkit_scan_lets_prose_mention_it(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text('"""Uses gptoss_patch_testkit.npu_sim."""\n'
+                     'MSG = "install gptoss-patch-testkit, then run python -m gptoss_patch_testkit.verify --selftest"\n',
+                     encoding="utf-8")
+    assert _testkit_references(probe) == []
 
 
 def test_the_testkit_sits_above_the_product():
