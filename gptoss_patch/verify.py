@@ -124,7 +124,9 @@ def _child_ok(d: dict[str, Any], decision: str | None) -> bool:
 
 
 #: A report section added by a caller of :func:`collect` / :func:`main`: ``section(report, status)`` may add keys,
-#: problems and warnings to ``report`` (``status``: the :class:`gptoss_patch.registry.Status` after activation).
+#: problems and warnings to ``report`` (``status``: the :class:`gptoss_patch.registry.Status` after activation), and
+#: the lines the human table prints for it to ``report["section_lines"]`` (a list of str): verify knows nothing of
+#: what a section reports.
 Section = Callable[[dict, Any], None]
 
 
@@ -397,23 +399,8 @@ def print_human(report: dict[str, Any]) -> None:
         ok = "error" not in d and d.get("ok") and not d.get("import_error")
         print(f"  activation in {label.replace('_', ' ')}: {'ok' if ok else 'FAILED'} "
               f"({d.get('decision')}, {sum(p['state'] == 'applied' for p in d.get('patches', []))} patches applied)")
-    jobs = report.get("main_job") or {}
-    if "skipped" in jobs:
-        print(f"  simulated GPT-OSS run: not run here - {jobs['skipped']}")
-    for job in jobs.values():
-        if not isinstance(job, dict) or "conversations" not in job:
-            continue
-        print(f"  simulated GPT-OSS run ({job['mode']}; vLLM GptOssForCausalLM on patched vllm-ascend vs transformers):")
-        extra = (f"; decode steps replayed from ACL graphs: {job['graph_steps']} (sizes {job['captured_sizes']})"
-                 if job.get("graph_steps") else "")
-        print(f"    attention states: {', '.join(job['states_seen'])}; prefix-cache blocks reused: "
-              f"{job['reused_prefix_blocks']}{extra}")
-        for i, c in enumerate(job["conversations"]):
-            print(f"    conversation {i}: prompt {c['prompt_tokens']} tokens, tokens matched {c['matched']}/{c['compared']}, "
-                  f"max |logit diff| {c['max_logit_diff']:.1e} (tolerance {job['logit_tolerance']:g})")
-        print(f"    conversation 0 decoded: {job['decoded_first'][:120]!r}")
-        print(f"    harmony channels: {job['harmony_parse']}")
-        print(f"    time (s): {job['seconds']}")
+    for line in report.get("section_lines", []):  # what callers' sections report (:data:`Section`)
+        print("  " + line)
     if report.get("selftest"):
         from gptoss_patch.selftest import CaseResult, SelfTest
 

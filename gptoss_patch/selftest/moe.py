@@ -186,17 +186,6 @@ FUSED_COMM_TYPES: dict[str, tuple[str, ...]] = {"B": (), "C": ("FUSED_ALLTOALL",
                                                  "F": ("FUSED_MC2",)}
 
 
-def cell_layout() -> str | None:
-    """The layout of the matrix cell named by ``GPTOSS_CELL`` (for parametrising at collection), or None."""
-    import os
-
-    from gptoss_patch import matrix
-
-    cell = os.environ.get("GPTOSS_CELL")
-    row = next((r for r in matrix.ROWS if r.vllm_ascend == cell), None)
-    return row.layout if row is not None else None
-
-
 def _runner_method(module_name: str, class_name: str, method: str) -> Any:
     """``class_name.method`` of ``module_name`` compiled from the wheel's source *without importing that module*.
 

@@ -198,26 +198,7 @@ def worker_patch_report() -> dict[str, list[str]]:
     return {"applied": applied, "skipped": list(getattr(package, "__gptoss_skipped__", ()))}
 
 
-def importable_model_runner() -> None:
-    """Make ``vllm_ascend.worker.model_runner_v1`` importable in a cell venv (for tests that only import it).
-
-    Its import needs ``numba`` (vLLM's n-gram proposer), not installed beside the cell's CPU torch: a stub module
-    with the names it imports (decorators returning the function) stands in. It also runs vllm-ascend's worker patch
-    package, whose vision-model patches need ``torchvision`` in 0.12.0rc1 / 0.13.0: :func:`_adapt_worker_patches`.
-    Call it before importing the model runner, never in a process that runs the n-gram proposer.
-    """
-    import sys
-    import types
-
-    if "numba" not in sys.modules:
-        numba = types.ModuleType("numba")
-        numba.jit = numba.njit = lambda *a, **k: (a[0] if a and callable(a[0]) else (lambda f: f))
-        numba.prange, numba.get_num_threads, numba.set_num_threads = range, (lambda: 1), (lambda n: None)
-        sys.modules["numba"] = numba
-    _adapt_worker_patches()
-
-
-def _adapt_worker_patches() -> None:
+def adapt_worker_patches() -> None:
     """``vllm_ascend.utils.adapt_patch()`` (``from vllm_ascend.patch import worker``), as ``NPUWorker.__init__`` does
     (idempotent: a second call imports nothing).
 
@@ -288,7 +269,7 @@ def _init_ascend(cfg: Any, worker_patches: bool) -> None:
     from vllm_ascend.ascend_config import init_ascend_config
 
     if worker_patches:
-        _adapt_worker_patches()
+        adapt_worker_patches()
     if "vllm_config" in inspect.signature(getattr(vu, "is_enable_nz", lambda: None)).parameters:
         # 0.11.x: caches its answer for the config of the first call; recompute for this config (0.12.0rc1 reads an
         # environment variable, 0.13+ has maybe_trans_nz instead)

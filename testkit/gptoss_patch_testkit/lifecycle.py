@@ -55,9 +55,9 @@ def live(target):
 
 def import_all():
     if any(rebinds for _, _, rebinds in plan):  # the model runner binds the graph update by value (layouts B, C, E)
-        from gptoss_patch.selftest import worker as vllm_setup
+        from gptoss_patch_testkit.harness import importable_model_runner
 
-        vllm_setup.importable_model_runner()
+        importable_model_runner()
     for spec, target, rebinds in plan:
         importlib.import_module(split_target(target)[0])
         for module in rebinds:

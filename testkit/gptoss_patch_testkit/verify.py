@@ -30,6 +30,8 @@ def main_job_section(report: dict[str, Any], status: Any) -> None:
         report["main_job"] = {"skipped": "the runner's rules cover vllm-ascend 0.11-0.14; on layouts H and G the main "
                                          "job is vllm serve through the real engine (tests/cell/native_015/"
                                          "test_native_serve.py, or python -m gptoss_patch_testkit.jobs.serve_job)"}
+        report.setdefault("section_lines", []).append(f"simulated GPT-OSS run: not run here - "
+                                                      f"{report['main_job']['skipped']}")
         return
     from gptoss_patch_testkit.jobs import main_job
 
@@ -37,9 +39,29 @@ def main_job_section(report: dict[str, Any], status: Any) -> None:
     for mode, graph in (("eager", False), ("graph", True)):
         job = main_job.run_in_child(graph=graph)
         report["main_job"][mode] = job
+        report.setdefault("section_lines", []).extend(job_lines(job))
         if not job.get("ok"):
             report["problems"].append(f"the simulated GPT-OSS run ({mode}) did not reproduce the reference: "
                                       + (job.get("error") or "token or logit mismatch (see main job report)"))
+
+
+def job_lines(job: dict[str, Any]) -> list[str]:
+    """The human table's lines for one main-job run (:func:`gptoss_patch_testkit.jobs.main_job.run_in_child`'s dict);
+    a run that failed before its report shows its error."""
+    if "conversations" not in job:
+        return [f"simulated GPT-OSS run: FAILED - {job.get('error') or job}"]
+    extra = (f"; decode steps replayed from ACL graphs: {job['graph_steps']} (sizes {job['captured_sizes']})"
+             if job.get("graph_steps") else "")
+    lines = [f"simulated GPT-OSS run ({job['mode']}; vLLM GptOssForCausalLM on patched vllm-ascend vs transformers):",
+             f"  attention states: {', '.join(job['states_seen'])}; prefix-cache blocks reused: "
+             f"{job['reused_prefix_blocks']}{extra}"]
+    for i, c in enumerate(job["conversations"]):
+        lines.append(f"  conversation {i}: prompt {c['prompt_tokens']} tokens, tokens matched "
+                     f"{c['matched']}/{c['compared']}, max |logit diff| {c['max_logit_diff']:.1e} "
+                     f"(tolerance {job['logit_tolerance']:g})")
+    lines += [f"  conversation 0 decoded: {job['decoded_first'][:120]!r}", f"  harmony channels: {job['harmony_parse']}",
+              f"  time (s): {job['seconds']}"]
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

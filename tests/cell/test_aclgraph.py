@@ -575,8 +575,8 @@ def runner_child():
 
     code = textwrap.dedent("""
         import json
-        from gptoss_patch.selftest import worker as vllm_setup
-        vllm_setup.importable_model_runner()  # numba stub, worker patches without torchvision
+        from gptoss_patch_testkit.harness import importable_model_runner
+        importable_model_runner()  # numba stub, worker patches without torchvision
         import vllm_ascend.worker.model_runner_v1 as mr
         import vllm_ascend.spec_decode.eagle_proposer
         import gptoss_patch

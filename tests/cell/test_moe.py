@@ -38,10 +38,11 @@ import torch.nn.functional as F
 
 from gptoss_patch.selftest import worker as vllm_setup
 from gptoss_patch.selftest.moe import (COMM_TYPES, FUSED_COMM_TYPES, TOP_K, Weights,  # noqa: F401
-                                           build_layer, cell_layout, env_var, fp32_nz_off, hf_mlp, make_tokens,
+                                           build_layer, env_var, fp32_nz_off, hf_mlp, make_tokens,
                                            make_weights, moe_modules, reference, rel_err, routed_out, run_layer,
                                            select_moe_comm_type, set_default_torch_dtype)
 from gptoss_patch.selftest.tiny import write_checkpoint
+from gptoss_patch_testkit.harness import cell_layout
 
 H_SMALL, I_SMALL = 64, 96  # small dims
 H_120B, I_120B_RANK = 2880, 360  # gpt-oss-120b hidden size; expert intermediate 2880 / TP 8

@@ -44,10 +44,11 @@ import torch.nn.functional as F
 
 from gptoss_patch.matrix import nz_rule
 from gptoss_patch.selftest import worker as vllm_setup
-from gptoss_patch.selftest.moe import (TOP_K, Weights, cell_layout, make_tokens, make_weights,  # noqa: F401
+from gptoss_patch.selftest.moe import (TOP_K, Weights, make_tokens, make_weights,  # noqa: F401
                                            moe_modules, reference, rel_err, select_moe_comm_type,
                                            set_default_torch_dtype)
 from gptoss_patch.selftest.tiny import write_checkpoint
+from gptoss_patch_testkit.harness import cell_layout
 
 H_120B, I_120B_RANK = 2880, 360  # gpt-oss-120b hidden size; expert intermediate 2880 / TP 8
 PADDED = 368
