@@ -28,17 +28,17 @@ def install() -> None:
         _report(exc)
 
 
-def _report(exc) -> None:
+def _report(exc, what: str | None = None) -> None:
     """One line about ``exc`` on stderr, once per process (the hook's ``reported`` flag, shared with the hook and its
-    loader); never raises."""
+    loader); ``what``: the line's own text instead of "start-up hook failed (TYPE: exc)"; never raises."""
     try:
         hook = sys.modules.get("_gptoss_patch_hook")
         if hook is not None:
             if hook.reported:
                 return
             hook.reported = True
-        sys.stderr.write("gptoss-patch: start-up hook failed (%s: %s); GPT-OSS models will be refused on vllm-ascend "
-                         "until this is fixed.\n" % (type(exc).__name__, exc))
+        sys.stderr.write("gptoss-patch: %s; GPT-OSS models will be refused on vllm-ascend until this is fixed.\n"
+                         % (what or "start-up hook failed (%s: %s)" % (type(exc).__name__, exc)))
     except BaseException:  # noqa: BLE001 - stderr may be closed; start-up must go on
         pass
 
@@ -90,8 +90,12 @@ def late_install(finder) -> None:
             _activate(None)
             return
         sys.meta_path.insert(0, finder)
-        # reported here, once, at start-up (GPTOSS_PATCH_DISABLE itself is honoured by activate())
-        _flag("GPTOSS_PATCH_DISABLE")
-        _flag("GPTOSS_PATCH_FORCE")
+        # reported here, once, at start-up (GPTOSS_PATCH_DISABLE itself is honoured by activate()): a malformed value
+        # is the user's setting, not a failure of the hook, and the line says so
+        try:
+            _flag("GPTOSS_PATCH_DISABLE")
+            _flag("GPTOSS_PATCH_FORCE")
+        except ValueError as exc:
+            _report(exc, f"a setting is malformed: {exc}")
     except BaseException as exc:  # noqa: BLE001 - never break interpreter start-up
         _report(exc)

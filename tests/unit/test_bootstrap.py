@@ -302,3 +302,15 @@ def test_vllm_ascend_keeps_its_own_loader_and_activates_before_its_code_runs(bar
     proc = run(py, code, PYTHONPATH=path)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout) == [True, "SourceFileLoader", "SourceFileLoader"]
+
+
+@pytest.mark.parametrize("name", ["GPTOSS_PATCH_FORCE", "GPTOSS_PATCH_DISABLE"])
+def test_a_malformed_setting_is_named_as_the_users_setting_once_and_start_up_goes_on(bare_site, name):
+    """A malformed value is the user's setting, not a broken hook: one line naming the variable and the value (a venv
+    runs the .pth line twice), the interpreter runs on, and GPT-OSS is refused until it is fixed."""
+    py, _ = bare_site
+    proc = run(py, "print(1)", **{name: "maybe"})
+    assert proc.returncode == 0 and proc.stdout == "1\n"
+    assert proc.stderr.splitlines() == [
+        f"gptoss-patch: a setting is malformed: {name}='maybe' is not a boolean; use 1 or 0; "
+        "GPT-OSS models will be refused on vllm-ascend until this is fixed."]
