@@ -53,3 +53,28 @@ def test_readme_is_a_users_page():
 def test_readme_has_exactly_two_setup_commands():
     text = README.read_text(encoding="utf-8")
     assert text.count("python3 -m pip install -q nox uv && python3 -m nox -s ") == 2
+
+
+def test_the_patches_page_names_the_layouts_each_patch_is_planned_for():
+    """Each layout patch's row on docs/patches.md names exactly the layouts whose plan (``patches.layout_plan``)
+    holds it: ``| `a`, `b` / `c` | B / C E F |`` pairs the name groups split by " / " with the layout groups."""
+    from gptoss_patch import matrix, patches
+
+    planned = {}
+    for layout in matrix.LAYOUTS:
+        for spec, _ in patches.layout_plan(layout):
+            planned.setdefault(spec.name, set()).add(layout)
+    text = (ROOT / "docs" / "patches.md").read_text(encoding="utf-8")
+    checked = set()
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if not line.startswith("| `") or not re.fullmatch(r"[A-Z]( [A-Z])*( / [A-Z]( [A-Z])*)*", cells[1]):
+            continue
+        name_groups = [re.findall(r"`([a-z0-9_]+\.[a-z0-9_]+)`", g) for g in cells[0].split(" / ")]
+        layout_groups = [set(g.split()) for g in cells[1].split(" / ")]
+        assert len(name_groups) == len(layout_groups), line
+        for names, layouts in zip(name_groups, layout_groups):
+            for name in names:
+                assert planned.get(name) == layouts, f"{name}: page says {sorted(layouts)}, plan {sorted(planned.get(name, ()))}"
+                checked.add(name)
+    assert checked == set(planned)
