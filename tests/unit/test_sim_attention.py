@@ -711,6 +711,14 @@ def test_paged_attention_decode_and_workspace():
         ro, _ = ref_attention(q[b:b + 1], ks[b], vs[b], 0.125, rule("none", 1, x))
         assert_close(out[b:b + 1], ro)
     assert torch.equal(out[2], torch.zeros(n, d))
+    # a graph-padded batch (vllm-ascend 0.12.0rc1's PIECEWISE decode: query padded to the graph size, context_lens of
+    # the real requests): the batch is len(context_lens), the padding rows are left as they were
+    padded_q = torch.cat([q, rand(gen, 2, n, d)])
+    padded_out = torch.full((len(lens) + 2, n, d), 7.0)
+    A._npu_paged_attention(**{**kw, "query": padded_q, "out": padded_out})
+    assert torch.equal(padded_out[:len(lens)], out) and (padded_out[len(lens):] == 7.0).all()
+    with pytest.raises(RuntimeError, match="context_lens has 4 entries for 3 query tokens"):
+        A._npu_paged_attention(**{**kw, "query": q[:3], "out": out[:3]})
 
 
 # ------------------------------------------------------------------------------------------------

@@ -176,7 +176,11 @@ def run(workdir: Path, arch: str = "llama", mode: str = "eager", max_tokens: int
     port = serve_job.free_port()
     cmd = [a for a in serve_job.serve_command(checkpoint, port, mode) if a not in ("--reasoning-parser", "openai_gptoss")]
     log = workdir / f"serve-{arch}-{mode}-{os.getpid()}.log"
-    with serve_job.Server(cmd, serve_job.serve_env(vocab.env), log, port) as server:
+    # vLLM's compile caches off: vLLM 0.12's AOT cache (torch_aot_compile, keyed by the compilation config and the
+    # model's forward code) handed a second start of the same Llama a compiled graph that failed at its first profile
+    # run ("mat1 and mat2 shapes cannot be multiplied (4x2 and 128x64)"); each start compiles afresh instead
+    env = serve_job.serve_env(vocab.env, VLLM_DISABLE_COMPILE_CACHE="1")
+    with serve_job.Server(cmd, env, log, port) as server:
         report.started = server.wait_ready(startup_timeout)
         report.seconds["startup"] = round(time.perf_counter() - t0, 1)
         if not report.started:

@@ -1355,7 +1355,8 @@ def _paged_decode_checks(op, query, key_cache, value_cache, num_kv_heads, num_he
     if o3.shape[0] != q3.shape[0] or o3.shape[2] != value_cache.shape[3]:
         _fail(op, f"out must be ({q3.shape[0]}, {n}, {value_cache.shape[3]}), got {list(out.shape)}")
     lens = _lens(op, "context_lens", context_lens)
-    if len(lens) != q3.shape[0]:
+    # the batch is len(context_lens); query rows past it are a graph-padded batch's padding (see _npu_paged_attention)
+    if len(lens) > q3.shape[0]:
         _fail(op, f"context_lens has {len(lens)} entries for {q3.shape[0]} query tokens (one per sequence)")
     bt = _atb_block_table(op, block_table, len(lens), lens, block_size)
     return n, kvn, dt, q3, o3, block_size, lens, bt
@@ -1374,7 +1375,11 @@ def _npu_paged_attention(query, key_cache, value_cache, num_kv_heads, num_heads,
         workspace: optional tensor from :func:`_npu_paged_attention_get_workspace` (unused on the CPU).
 
     Semantics: sequence ``b`` attends all ``context_lens[b]`` cached positions (no sinks, no window);
-    ``context_lens[b] = 0`` gives a zero row. Returns ``None``.
+    ``context_lens[b] = 0`` gives a zero row. The batch is ``len(context_lens)``: query rows past it are left
+    untouched in ``out`` (calibration: vllm-ascend 0.12.0rc1 ``AscendAttentionBackendImpl._forward_decode_only``
+    passes the query of a PIECEWISE batch padded to its graph size with the unpadded ``seq_lens``, for every model,
+    and runs on hardware; UNVERIFIED what the device writes into the padding rows, which vLLM discards). Returns
+    ``None``.
 
     Raises:
         RuntimeError: shape/dtype mismatches, ``num_heads`` not a multiple of ``num_kv_heads``, too few
