@@ -113,7 +113,7 @@ def _repin(base: list[str], *pins: str) -> list[str]:
 #: < 2.25 (vLLM 0.17/0.18) or >= 2 (0.19.1); compressed-tensors 0.13.0 (0.16-0.18) or 0.15.0.1 (0.19.1);
 #: vllm-ascend 0.19.1rc1 pins transformers 5.5.3 (vLLM 0.19.1 excludes 5.0-5.5.0). vLLM 0.17+ lists the
 #: opentelemetry packages as plain requirements (imported by vllm.tracing). xgrammar goes in ``no_deps`` as for
-#: 0.15 (0.1.29 for vLLM 0.16/0.17; the lowest of ``>=0.1.32,<1`` for 0.18/0.19.1).
+#: 0.15 (vLLM 0.14-0.17: :data:`XGRAMMAR_ASCEND`, vllm-ascend's floor; the lowest of ``>=0.1.32,<1`` for 0.18/0.19.1).
 _NATIVE_COMMON = _repin(VLLM_015_IMPORT_DEPS, *_OLD_FASTAPI, "aiohttp>=3.13.3",
                         "protobuf>=5.29.6,!=6.30.*,!=6.31.*,!=6.32.*,!=6.33.0.*,!=6.33.1.*,!=6.33.2.*,!=6.33.3.*,"
                         "!=6.33.4.*")
@@ -133,6 +133,11 @@ _NATIVE_SUITE = {"tests": ["tests/cell/native_015"]}
 _PATCHED_SUITE_011 = {"tests": ["tests/cell", "--ignore=tests/cell/native_015"]}
 _PATCHED_SUITE = {"tests": ["tests/cell", "--ignore=tests/cell/native_015", "--ignore=tests/cell/test_serve_more.py"]}
 
+#: xgrammar for vllm-ascend 0.14.0rc1 - 0.17.0rc1: their vLLM pins 0.1.29, vllm-ascend requires >= 0.1.30 (PR #6151:
+#: 0.1.29's CPU kernel takes no tensor of indices, and vllm-ascend applies the grammar on the host); installed after
+#: vLLM, as upstream's install guide orders it, vllm-ascend's requirement wins. The lowest release that meets it.
+XGRAMMAR_ASCEND = "xgrammar==0.1.30"
+
 #: Per cell: the upstream wheels (installed --no-deps), their import-time dependencies, and the test paths
 #: the cell runs (relative to the repository root). tests/cell/*.py target the patched 0.11 layout;
 #: tests/cell/native_015 calibrates the simulator against vllm-ascend 0.15.0rc1's native GPT-OSS code.
@@ -141,7 +146,10 @@ _PATCHED_SUITE = {"tests": ["tests/cell", "--ignore=tests/cell/native_015", "--i
 CELLS: dict[str, dict[str, list[str]]] = {
     # tests/unit tests marked `upstream` need vllm-ascend 0.11.0's own code (its paged decode capture and update,
     # tests/unit/test_sim_graph.py): the unit session deselects them, this cell runs them
-    "0.11.0": {"no_deps": ["vllm==0.11.0", "vllm-ascend==0.11.0"], "deps": VLLM_011_IMPORT_DEPS, **_PATCHED_SUITE_011,
+    # xgrammar / llguidance: vLLM 0.11.0's structured-output backends (its METADATA pins; without them every
+    # json_schema, tool_choice "required" or named-function request fails with HTTP 500 - issue 29)
+    "0.11.0": {"no_deps": ["vllm==0.11.0", "vllm-ascend==0.11.0", "xgrammar==0.1.25"],
+               "deps": [*VLLM_011_IMPORT_DEPS, "llguidance>=0.7.11,<0.8.0"], **_PATCHED_SUITE_011,
                "unit_upstream": ["tests/unit", "-m", "upstream"],
                # vLLM's Ray executor (tests/cell/test_serve_more.py); vLLM 0.11.0 asks ray[cgraph]>=2.48.0, whose
                # cgraph extra is CUDA's cupy: plain Ray, the lowest release it admits
@@ -150,13 +158,13 @@ CELLS: dict[str, dict[str, list[str]]] = {
                   "deps": VLLM_012_IMPORT_DEPS, **_PATCHED_SUITE},
     "0.13.0": {"no_deps": ["vllm==0.13.0", "vllm-ascend==0.13.0", "xgrammar==0.1.27"],
                "deps": VLLM_013_IMPORT_DEPS, **_PATCHED_SUITE},
-    "0.14.0rc1": {"no_deps": ["vllm==0.14.1", "vllm-ascend==0.14.0rc1", "xgrammar==0.1.29"],
+    "0.14.0rc1": {"no_deps": ["vllm==0.14.1", "vllm-ascend==0.14.0rc1", XGRAMMAR_ASCEND],
                   "deps": VLLM_014_IMPORT_DEPS, **_PATCHED_SUITE},
-    "0.15.0rc1": {"no_deps": ["vllm==0.15.0", "vllm-ascend==0.15.0rc1", "xgrammar==0.1.29"],
+    "0.15.0rc1": {"no_deps": ["vllm==0.15.0", "vllm-ascend==0.15.0rc1", XGRAMMAR_ASCEND],
                   "deps": VLLM_015_IMPORT_DEPS, "tests": ["tests/cell/native_015"]},
-    "0.16.0rc1": {"no_deps": ["vllm==0.16.0", "vllm-ascend==0.16.0rc1", "xgrammar==0.1.29"],
+    "0.16.0rc1": {"no_deps": ["vllm==0.16.0", "vllm-ascend==0.16.0rc1", XGRAMMAR_ASCEND],
                   "deps": VLLM_016_IMPORT_DEPS, **_NATIVE_SUITE},
-    "0.17.0rc1": {"no_deps": ["vllm==0.17.0", "vllm-ascend==0.17.0rc1", "xgrammar==0.1.29"],
+    "0.17.0rc1": {"no_deps": ["vllm==0.17.0", "vllm-ascend==0.17.0rc1", XGRAMMAR_ASCEND],
                   "deps": VLLM_017_IMPORT_DEPS, **_NATIVE_SUITE},
     "0.18.0": {"no_deps": ["vllm==0.18.0", "vllm-ascend==0.18.0", "xgrammar==0.1.32"],
                "deps": VLLM_018_IMPORT_DEPS, **_NATIVE_SUITE},
@@ -565,9 +573,14 @@ def soak(session: nox.Session) -> None:
 @nox.session
 def demo(session: nox.Session) -> None:
     """The main job: ``vllm serve`` with PIECEWISE ACL graphs through patched vllm-ascend 0.11.0 on the simulated NPU,
-    asked over HTTP, tokens compared with transformers, then ``verify --server`` (testkit/gptoss_patch_testkit/jobs/serve_job.py)."""
+    asked over HTTP, tokens compared with transformers, then ``verify --server`` (testkit/gptoss_patch_testkit/jobs/serve_job.py);
+    then the trained harmony model through the OpenAI API - reasoning, answers, tool calls, right/wrong, accuracy
+    through the server, transformers and the unpatched stack (testkit/gptoss_patch_testkit/jobs/api_job.py)."""
     t0 = time.monotonic()
     py = cell_python(session, "0.11.0")
     session.run(str(py), "-m", "gptoss_patch_testkit.jobs.serve_job", *session.posargs, external=True,
+                env=_clean_env(**TEST_ENV))
+    # the same stack answering a person: the trained harmony model through the OpenAI API, the unpatched beside it
+    session.run(str(py), "-m", "gptoss_patch_testkit.jobs.api_job", "--unpatched", external=True,
                 env=_clean_env(**TEST_ENV))
     session.log(f"demo finished in {time.monotonic() - t0:.0f} s")

@@ -8,7 +8,8 @@ the judgement says, ``tests/unit/test_matrix_wheels.py`` and ``tests/cell/test_p
 * :func:`native_pairing_problems` - what makes upstream's native code wrong with the installed vLLM, by the row data
   :data:`gptoss_patch.matrix.NATIVE_PAIRING_RULES` (today: vLLM's ``MoEActivation`` Enum against vllm-ascend's string
   compare, vllm-ascend #8463);
-* :func:`declared_vllm` - whether ``VLLM_VERSION`` names another release than the installed vLLM.
+* :func:`declared_vllm` - whether ``VLLM_VERSION`` names another release than the installed vLLM;
+* :func:`structured_outputs` - whether vLLM's structured outputs work with the installed xgrammar on vllm-ascend.
 """
 
 from __future__ import annotations
@@ -144,6 +145,70 @@ def native_pairing_problems(declared: bool = False) -> list[str]:
     return problems
 
 
+
+
+#: The first xgrammar whose CPU kernel wrapper turns tensor indices into the list its C++ kernel takes
+#: (``xgrammar/kernels/apply_token_bitmask_inplace_cpu.py``: 0.1.27 and 0.1.29 pass the tensor on; mlc-ai/xgrammar#507).
+XGRAMMAR_TENSOR_INDICES = "0.1.30"
+
+
+def structured_outputs() -> dict:
+    """Whether a structured-output request (``response_format: json_schema``, ``tool_choice: "required"`` or a named
+    function, ``structured_outputs``) can be served by the installed vLLM + xgrammar on vllm-ascend; files read, nothing
+    imported.
+
+    vllm-ascend applies xgrammar's token bitmask to the logits on the host (``logits.to("cpu")`` in
+    ``NPUModelRunner``), so xgrammar's CPU kernel runs. When a batch mixes constrained and plain requests, the
+    constrained rows' indices are passed along: vllm-ascend 0.11.0 and 0.12.0rc1 apply the mask with their own
+    ``apply_grammar_bitmask`` and a list; from 0.13.0 the runner calls vLLM's (``vllm/v1/structured_output/utils.py``),
+    which passes a tensor (vLLM >= 0.12), and xgrammar < 0.1.30 hands that to a C++ kernel that takes a list:
+    ``TypeError: apply_token_bitmask_inplace_cpu(): incompatible function arguments`` and the engine dies
+    (vllm-ascend #6820, #5524: the 0.13.x rows, whose vLLM pins xgrammar 0.1.27; vllm-ascend requires >= 0.1.30 from
+    0.14.0rc1, PR #6151). Shown in tests/cell/test_api.py.
+
+    Returns:
+        ``{"xgrammar": installed version or None, "indices": "tensor" | "list" | None, "problem": str | None}``;
+        ``problem`` names what fails and the fix.
+    """
+    from importlib import metadata
+
+    from packaging.version import InvalidVersion, Version
+
+    from gptoss_patch.fingerprint import module_source_path
+
+    try:
+        xgr = metadata.version("xgrammar")
+    except metadata.PackageNotFoundError:
+        xgr = None
+    def read(module: str) -> str:
+        path = module_source_path(module)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return fh.read()
+        except (OSError, TypeError):  # not installed (path None) or unreadable
+            return ""
+
+    runner, utils = read("vllm_ascend.worker.model_runner_v1"), read("vllm.v1.structured_output.utils")
+    indices = None
+    if "from vllm.v1.structured_output.utils import apply_grammar_bitmask" in runner:
+        indices = "tensor" if "indices=index_tensor" in utils else "list"
+    elif "def apply_grammar_bitmask" in runner:  # vllm-ascend's own (0.11.0, 0.12.0rc1): a list of indices
+        indices = "tensor" if "indices=index_tensor" in runner else "list"
+    path = utils or None
+    problem = None
+    if xgr is None and path is not None:
+        problem = ("xgrammar is not installed: every json_schema / tool_choice 'required' / named-function request "
+                   "fails (HTTP 500); install the xgrammar your vLLM requires (pip install vllm's pin)")
+    elif xgr is not None and indices == "tensor":
+        try:
+            old = Version(xgr) < Version(XGRAMMAR_TENSOR_INDICES)
+        except InvalidVersion:
+            old = False
+        if old:
+            problem = (f"xgrammar {xgr} with this vLLM: a batch that mixes a structured-output request with plain ones "
+                       "kills the engine (TypeError: apply_token_bitmask_inplace_cpu(): incompatible function "
+                       f"arguments); pip install \"xgrammar>={XGRAMMAR_TENSOR_INDICES}\"")
+    return {"xgrammar": xgr, "indices": indices, "problem": problem}
 
 
 #: What a :data:`gptoss_patch.matrix.NATIVE_PAIRING_RULES` trigger name reads in the installed vLLM.

@@ -225,6 +225,12 @@ def _environment_section(report: dict[str, Any]) -> None:
     report["serving_interpreter"] = serving
     if serving.get("other"):
         report["warnings"].append(serving["other"])
+    from gptoss_patch import pairing
+
+    structured = pairing.structured_outputs()
+    report["structured_outputs"] = structured
+    if structured["problem"]:
+        report["warnings"].append("structured outputs: " + structured["problem"])
 
 
 def _children_section(report: dict[str, Any], decision: str) -> None:
@@ -409,6 +415,10 @@ def print_human(report: dict[str, Any]) -> None:
                           st_["seconds"], tuple(st_.get("required", ())))
         for line in st_obj.lines():
             print("  " + line)
+    so = report.get("structured_outputs")
+    if so and so.get("indices"):
+        print(f"  structured outputs: xgrammar {so['xgrammar'] or 'NOT installed'} "
+              f"({'ok' if not so['problem'] else 'see warning'})")
     vocab = report.get("harmony_vocabulary")
     if vocab:
         print(f"  harmony vocabulary: {'ok' if vocab['ok'] else 'NOT usable'} ({vocab['file']}, "

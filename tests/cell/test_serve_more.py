@@ -3,7 +3,8 @@ CI; these exercise code that is the same on every patched layout - the guard, th
 other cells' tests cover without a server):
 
 * the unpatched server (``GPTOSS_PATCH_DISABLE=1``) is stopped at start-up by the guard;
-* let through anyway (``GPTOSS_PATCH_ALLOW_UNPATCHED=1``) it answers with other tokens: what the patches are for;
+* let through anyway (``GPTOSS_PATCH_ALLOW_UNPATCHED=1``) it answers the trained harmony model's task wrong where
+  transformers answers it right: what the patches are for;
 * the tiny model in the official MXFP4 layout is dequantized while loading and answers with transformers' tokens;
 * tensor parallel 2 with FULL_DECODE_ONLY graphs and workers started by ``fork`` (the other start method), and
   through vLLM's Ray executor (a local Ray head);
@@ -14,7 +15,7 @@ other cells' tests cover without a server):
 import pytest
 from test_serve import WORKDIR, _checks
 
-from gptoss_patch_testkit.jobs import serve_job
+from gptoss_patch_testkit.jobs import api_job, serve_job
 
 
 def _every_token_matches(report: serve_job.ServeReport) -> None:
@@ -38,15 +39,20 @@ def test_unpatched_vllm_serve_is_stopped_by_the_guard_at_startup(tmp_path):
     assert "GPTOSS_PATCH_DISABLE" in log  # what to do
 
 
-@pytest.mark.expensive(35)
-def test_unpatched_vllm_serve_answers_with_other_tokens():
-    """The same server with the patches off and the guard overridden gives tokens that differ from transformers."""
-    report = serve_job.run(WORKDIR, mode="eager", max_tokens=12,
-                           extra_env={"GPTOSS_PATCH_DISABLE": "1", "GPTOSS_PATCH_ALLOW_UNPATCHED": "1"})
-    serve_job.print_report(report)
+@pytest.mark.expensive(45)
+def test_unpatched_vllm_serve_answers_the_task_wrong():
+    """The same server with the patches off and the guard overridden, serving the trained harmony model
+    (:mod:`gptoss_patch_testkit.jobs.api_job`): transformers answers every held-out item right, the unpatched server
+    (sinks dropped, the window wrong, plain SwiGLU, no expert biases) almost none, and no answer has transformers'
+    tokens. The patched server's answers: tests/cell/test_api.py (all right, every token equal)."""
+    report = api_job.run(WORKDIR, "eager", 12, extra_env=api_job.UNPATCHED_ENV, checks=False)
+    api_job.print_report(report)
     assert report.started, report.log_tail
-    assert all(p["decision"] != "apply" for p in report.processes), report.processes
-    assert report.exchanges and not any(e.ok for e in report.exchanges)
+    assert "on the patched path" not in report.log_text  # no GPT-OSS forward went through gptoss-patch's code
+    assert report.accuracy("reference") == 1.0
+    assert report.accuracy("server") <= 0.25 and report.accuracy("chat") <= 0.25, (report.accuracy("server"),
+                                                                                    report.accuracy("chat"))
+    assert not any(r.tokens_equal for r in report.items)
 
 
 @pytest.mark.expensive(40)
