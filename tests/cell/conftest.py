@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+# tests/cell/api_cases.py holds the tests test_api.py and native_015/test_native_api.py import: rewrite its asserts too
+pytest.register_assert_rewrite("api_cases")
+
 os.environ["GPTOSS_PATCH_SIMULATE_NPU"] = "1"
 for _k in ("GPTOSS_PATCH_DISABLE", "GPTOSS_PATCH_FORCE"):
     os.environ.pop(_k, None)

@@ -149,7 +149,11 @@ class ApiReport:
             return out
         if prop == "chat_answers":
             out = [f"chat item {c.index} ({c.kind}): empty reasoning" for c in self.chats if not c.reasoning]
-            if self.accuracy("chat") < MIN_ACCURACY:
+            out += [f"chat item {c.index} ({c.kind}): neither content nor a tool call" for c in self.chats
+                    if not (c.content or c.tool_calls)]
+            # on a row with a documented deviation the accuracy is what the deviation leaves (tokens_equal_transformers
+            # holds the server to transformers with it); elsewhere the chat path must answer as well as the task allows
+            if not self.expected_ablation and self.accuracy("chat") < MIN_ACCURACY:
                 out.append(f"chat accuracy {self.accuracy('chat'):.3f} < {MIN_ACCURACY}: "
                            + "; ".join(f"{c.index} {c.kind}: {c.detail}" for c in self.chats if not c.right))
             return out
@@ -370,7 +374,9 @@ def run_checks(report: ApiReport, client, url: str, items: list[dict]) -> None:
 
         run = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--server", url], capture_output=True,
                              text=True, timeout=300)
-        return run.returncode == 0, f"exit {run.returncode}: {run.stdout[-600:]}{run.stderr[-300:]}"
+        if run.returncode == 0:
+            return True, "exit 0"
+        return False, f"exit {run.returncode}: {run.stdout[-1500:]}{run.stderr[-500:]}"
 
     _check(report, "verify_server", verify_server)
 
@@ -398,15 +404,30 @@ def run_checks(report: ApiReport, client, url: str, items: list[dict]) -> None:
 
 
 def ensure_checkpoint(workdir: Path) -> Path:
-    """The harmony checkpoint under ``workdir``, (re)written when :data:`harmony.WEIGHTS` changed."""
+    """The harmony checkpoint under ``workdir``, keyed by :data:`harmony.WEIGHTS`, the writer's code and transformers'
+    major version (tokenizer files saved by transformers 5 name a class 4.x lacks: cells of both share the workdir);
+    written into a temporary directory and renamed, so a reader never sees half a checkpoint."""
     import hashlib
+    import os
+    import shutil
+    import tempfile
 
     from gptoss_patch.selftest import harmony
+    from gptoss_patch_testkit.jobs.main_job import _writer_key
 
-    stamp = hashlib.sha256(harmony.WEIGHTS.read_bytes()).hexdigest()[:16]
-    ckpt = workdir / f"harmony-{stamp}"
+    h = hashlib.sha256(harmony.WEIGHTS.read_bytes())
+    h.update(Path(harmony.__file__).read_bytes())
+    ckpt = workdir / f"harmony-{h.hexdigest()[:12]}-{_writer_key()}"
     if not (ckpt / "tokenizer_config.json").is_file():
-        harmony.write_checkpoint(ckpt)
+        tmp = Path(tempfile.mkdtemp(prefix=".harmony-", dir=workdir))
+        try:
+            harmony.write_checkpoint(tmp)
+            os.replace(tmp, ckpt)
+        except OSError:  # another process renamed its copy first: keep that one
+            if not (ckpt / "tokenizer_config.json").is_file():
+                raise
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return ckpt
 
 
@@ -553,8 +574,8 @@ def main(argv: list[str] | None = None) -> int:
                  f"{sum(r.tokens_equal for r in bare.items)}/{len(bare.items)}" if bare.started
                  else f"did not start: {bare.error}"))
         for c in bare.chats[:3]:
-            print(f"  [{c.kind}] {'RIGHT' if c.right else 'WRONG'}  reasoning: {c.reasoning!r}  answer: "
-                  f"{(c.content or c.tool_calls)!r}")
+            print(f"  [{c.kind}] {'RIGHT' if c.right else 'WRONG'}  reasoning: {(c.reasoning or '')[:120]!r}  answer: "
+                  f"{(c.content or c.tool_calls or None)!r}")
     return 0 if ok else 1
 
 
