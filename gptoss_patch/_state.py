@@ -25,6 +25,10 @@ registry: Registry | None = None
 guard: Registry | None = None
 #: The MXFP4 checkpoint patches (gptoss_patch.patches.checkpoint_mxfp4), when the row has them.
 checkpoint: Registry | None = None
+#: The structured-output patch (gptoss_patch.patches.structured_outputs), when the installed pairing needs it.
+structured: Registry | None = None
+#: Set by the guard once a GPT-OSS model was built in this process: the structured-output patch acts only then.
+gpt_oss_built: bool = False
 
 
 def status(drift: bool = True) -> Status:
@@ -48,6 +52,8 @@ def status(drift: bool = True) -> Status:
         guard_state = guard.states.get("guard.gpt_oss_model") if guard else None
         checkpoint_states = ({name: f"{st.state}: {st.reason}" for name, st in checkpoint.states.items()}
                              if checkpoint else {})
+        structured_states = ({name: f"{st.state}: {st.reason}" for name, st in structured.states.items()}
+                             if structured else {})
     if drift and any(p.state == APPLIED for p in patches):
         from gptoss_patch import drift as drifts
 
@@ -61,6 +67,8 @@ def status(drift: bool = True) -> Status:
         states = {name: st for name, st in checkpoint_states.items() if name.startswith(cap + ".")}
         if states:
             details[cap] = states
+    if structured_states:
+        details["structured_outputs"] = structured_states
     kernels = sys.modules.get("gptoss_patch.kernels.attention")
     if kernels is not None and kernels.path_description():
         details["attention_path"] = kernels.path_description()

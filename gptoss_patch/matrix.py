@@ -213,6 +213,7 @@ CAPABILITIES: dict[str, str] = {
     "paged_attention_shapes": "additional_config.pa_shape_list under FULL_DECODE_ONLY graphs",
     "context_parallel": "attention under prefill / decode context parallelism (--prefill-context-parallel-size, "
                         "--decode-context-parallel-size > 1)",
+    "structured_outputs": "structured outputs (json_schema, tool_choice required / named) batched with plain requests",
 }
 
 NATIVE = "native"
@@ -288,7 +289,19 @@ _C_BF16_EP_011 = Cap(PATCHED, "vLLM 0.11.0's GptOssModel.load_weights calls _loa
                               "put back in order (vLLM 0.12.0 fixed the signature)")
 
 
-def _patched_caps(p310: Cap = _C_310P, bf16: Cap = Cap(NATIVE), cp: Cap = _C_CP) -> dict[str, Cap]:
+#: Structured outputs (gptoss_patch.patches.structured_outputs): how each release hands xgrammar's CPU kernel the rows
+#: of a mixed batch (read from vllm_ascend/worker/model_runner_v1.py and vllm/v1/structured_output/utils.py).
+_C_SO_OWN = Cap(NATIVE, "vllm-ascend applies the bitmask with its own apply_grammar_bitmask and a list of indices")
+_C_SO_TENSOR = Cap(PATCHED, "the runner calls vLLM's apply_grammar_bitmask, which passes a tensor of indices; vLLM "
+                            "0.13 pins xgrammar 0.1.27, whose CPU kernel takes a list: a constrained request batched "
+                            "with plain ones killed the engine (vllm-ascend #6820); GPT-OSS's indices are handed on as "
+                            "a list (xgrammar 0.1.30's change); other models: pip install \"xgrammar>=0.1.30\"")
+_C_SO_PIN = Cap(NATIVE, "vLLM's apply_grammar_bitmask passes a tensor of indices; vllm-ascend requires "
+                        "xgrammar>=0.1.30, which takes it (PR #6151; verify warns about an older one)")
+
+
+def _patched_caps(p310: Cap = _C_310P, bf16: Cap = Cap(NATIVE), cp: Cap = _C_CP,
+                  so: Cap = _C_SO_OWN) -> dict[str, Cap]:
     """Capabilities of an *apply* row of layouts B-F (vllm-ascend 0.11-0.14)."""
     return {
         "attention": Cap(PATCHED, "sinks dropped and the window honoured in one path only upstream"),
@@ -302,6 +315,7 @@ def _patched_caps(p310: Cap = _C_310P, bf16: Cap = Cap(NATIVE), cp: Cap = _C_CP)
         "atlas_310p": p310,
         "paged_attention_shapes": Cap(PATCHED, "sink and window layers take our attention path in every state"),
         "context_parallel": cp,
+        "structured_outputs": so,
     }
 
 
@@ -319,6 +333,7 @@ def _native_caps(**changes: Cap) -> dict[str, Cap]:
         "atlas_310p": _C_310P,
         "paged_attention_shapes": _C_PA_SHAPES,
         "context_parallel": _C_CP,
+        "structured_outputs": _C_SO_PIN,
     }
     caps.update(changes)
     return caps
@@ -384,19 +399,21 @@ ROWS: tuple[Row, ...] = (
     Row("0.12.0rc1", "0.12.0", "2.8.0", "2.8.0", "8.3.RC2", APPLY, "C", True,
         "GPT-OSS patches applied (see verify for the list)", _patched_caps()),
     Row("0.13.0rc1", "0.13.0", "2.8.0", "2.8.0", "8.3.RC2", APPLY, "E", False,
-        "judged against 0.13.0 (every target passes the structural check, read from the wheel)", _patched_caps()),
+        "judged against 0.13.0 (every target passes the structural check, read from the wheel)",
+        _patched_caps(so=_C_SO_TENSOR)),
     Row("0.13.0rc2", "0.13.0", "2.8.0", "2.8.0", "8.5.0", APPLY, "E", False,
-        "judged against 0.13.0 (every target passes the structural check, read from the wheel)", _patched_caps()),
+        "judged against 0.13.0 (every target passes the structural check, read from the wheel)",
+        _patched_caps(so=_C_SO_TENSOR)),
     Row("0.13.0rc3", "0.13.0", "2.8.0", "2.8.0.post2", "8.5.1", REFUSE, None, False,
         "a separate build released after 0.13.0 (DeepSeek-V4 code; its MoE apply differs from 0.13.0's) "
         "that no cell tests"),
     Row("0.13.0", "0.13.0", "2.8.0", "2.8.0.post2", "8.5.0", APPLY, "E", True,
-        "GPT-OSS patches applied (see verify for the list)", _patched_caps()),
+        "GPT-OSS patches applied (see verify for the list)", _patched_caps(so=_C_SO_TENSOR)),
     Row("0.14.0rc1", "0.14.1", "2.9.0", "2.9.0", "8.5.0", APPLY, "F", True,
         "GPT-OSS patches applied (see verify for the list)",
         _patched_caps(p310=Cap(REFUSED, "the 310P backend is a subclass (vllm_ascend/_310p/attention/attention_v1.py "
                                         "AscendAttentionBackendImpl310) with its own forward_impl and no sinks; "
-                                        "use an Atlas A2/A3 (910B/910C) card"))),
+                                        "use an Atlas A2/A3 (910B/910C) card"), so=_C_SO_PIN)),
     Row("0.15.0rc1", "0.15.0", "2.9.0", "2.9.0", "8.5.0", APPLY, "H", True,
         "native GPT-OSS support (PR #5901); sliding-window attention patched (swa_mask, 129 keys)",
         _native_caps(attention=_C_SWA_PATCHED)),

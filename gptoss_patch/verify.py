@@ -227,9 +227,18 @@ def _environment_section(report: dict[str, Any]) -> None:
         report["warnings"].append(serving["other"])
     from gptoss_patch import pairing
 
+    from gptoss_patch import _state
+
     structured = pairing.structured_outputs()
+    # registered by activation on the 0.13.x rows when the installed files show the crash
+    # (gptoss_patch.patches.structured_outputs): GPT-OSS's requests are then served, other models' are not
+    structured["patched_for_gpt_oss"] = _state.structured is not None
     report["structured_outputs"] = structured
-    if structured["problem"]:
+    if structured["problem"] and structured["patched_for_gpt_oss"]:
+        report["warnings"].append("structured outputs: patched for GPT-OSS (structured_outputs.bitmask_indices: the "
+                                  "indices reach xgrammar as a list); other models served by this stack still "
+                                  "fail: " + structured["problem"])
+    elif structured["problem"]:
         report["warnings"].append("structured outputs: " + structured["problem"])
 
 
@@ -417,8 +426,8 @@ def print_human(report: dict[str, Any]) -> None:
             print("  " + line)
     so = report.get("structured_outputs")
     if so and so.get("indices"):
-        print(f"  structured outputs: xgrammar {so['xgrammar'] or 'NOT installed'} "
-              f"({'ok' if not so['problem'] else 'see warning'})")
+        state = "ok" if not so["problem"] else "patched for GPT-OSS" if so.get("patched_for_gpt_oss") else "see warning"
+        print(f"  structured outputs: xgrammar {so['xgrammar'] or 'NOT installed'} ({state})")
     vocab = report.get("harmony_vocabulary")
     if vocab:
         print(f"  harmony vocabulary: {'ok' if vocab['ok'] else 'NOT usable'} ({vocab['file']}, "

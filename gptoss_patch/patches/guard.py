@@ -369,6 +369,7 @@ def _guard_init(wrapped, instance, args, kwargs):
     """
     from functools import partial
 
+    from gptoss_patch import _state
     from gptoss_patch._state import status
 
     current_status = partial(status, drift=False)  # the states only: no fingerprinting in every worker
@@ -385,6 +386,7 @@ def _guard_init(wrapped, instance, args, kwargs):
         except GptOssNotPatchedError as err:
             raise err from exc
         raise
+    _state.gpt_oss_built = True  # gptoss_patch.patches.structured_outputs acts in this process from now on
     status = current_status()
     check(status)
     check_runs(instance, status)

@@ -1,7 +1,8 @@
-"""Probe a running OpenAI-compatible GPT-OSS server: one chat and one raw completion at temperature 0.
+"""Probe a running OpenAI-compatible GPT-OSS server: a chat, a forced tool call, a ``json_schema`` answer, the chat
+streamed, and a raw completion, at temperature 0.
 
-``probe_server(url, model=None)`` sends at most three requests (``GET /v1/models`` when no model is
-named, ``POST /v1/chat/completions``, ``POST /v1/completions``), each bounded by ``timeout`` seconds,
+``probe_server(url, model=None)`` sends at most six requests (``GET /v1/models`` when no model is
+named, four ``POST /v1/chat/completions``, ``POST /v1/completions``), each bounded by ``timeout`` seconds,
 with the standard library's HTTP client (no extra dependency), and checks what deployers trip over:
 
 * HTTP status 200 and a JSON body (a server that answers ``"stream": false`` with an event stream is
@@ -11,6 +12,9 @@ with the standard library's HTTP client (no extra dependency), and checks what d
   or ``reasoning`` as later vLLM adds) with text - missing when vLLM runs without
   ``--reasoning-parser openai_gptoss`` (vllm#41902). Content empty while reasoning holds text is the
   vllm#23694 case: evaluation scripts that read only ``content`` score zero;
+* a tool call forced with ``tool_choice: "required"``, a ``response_format: json_schema`` answer (both through vLLM's
+  structured outputs: a missing backend is HTTP 500, an ignored grammar free text, vllm-ascend 0.13.x with xgrammar
+  < 0.1.30 an engine that dies in a mixed batch) and the chat streamed (deltas equal to the non-streamed message);
 * raw completion: non-empty ``text`` (the fixed-length benchmark path, vllm perf-eval PR #77);
 * ``usage``: positive ``prompt_tokens`` and ``completion_tokens``, ``total_tokens`` their sum;
 * latency of each request (wall clock, seconds);
@@ -40,11 +44,21 @@ from dataclasses import dataclass, field
 
 from gptoss_patch.tools import Findings
 
-__all__ = ["ProbeReport", "probe_server", "check_chat_response", "check_completion_response", "plugin_filter_warning", "plugin_entry_point_name", "main"]
+__all__ = ["ProbeReport", "probe_server", "check_chat_response", "check_completion_response",
+           "check_json_schema_response", "plugin_filter_warning", "plugin_entry_point_name", "main"]
 
 #: Prompt of vllm-ascend PR #8465's regression check (greedy, 7 tokens).
 COMPLETION_PROMPT = "Say this is a test"
 CHAT_PROMPT = "Say this is a test."
+#: The function the tool-call request forces (``tool_choice: "required"``): its arguments are bounded by the schema, so
+#: a grammar that is applied gives valid JSON whatever the weights; one that is ignored or crashes shows.
+PROBE_TOOL = {"type": "function", "function": {
+    "name": "record_answer", "description": "Record whether the statement is a test.",
+    "parameters": {"type": "object", "properties": {"is_test": {"type": "boolean"}}, "required": ["is_test"],
+                   "additionalProperties": False}}}
+#: The ``response_format: json_schema`` the JSON request asks for (bounded, as :data:`PROBE_TOOL`'s arguments).
+PROBE_SCHEMA = {"type": "object", "properties": {"is_test": {"type": "boolean"}}, "required": ["is_test"],
+                "additionalProperties": False}
 
 
 @dataclass
@@ -253,16 +267,149 @@ def check_completion_response(obj: dict, model: str, report: ProbeReport) -> Non
     _check_usage("completion", obj, report)
 
 
+def _message(obj: dict) -> dict:
+    return ((obj.get("choices") or [{}])[0] or {}).get("message") or {}
+
+
+def _split(message: dict) -> tuple[str, str]:
+    """(reasoning, content) of a chat message (``reasoning_content`` or ``reasoning``)."""
+    reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+    return reasoning, message.get("content") or ""
+
+
+def _schema_problem(value, schema: dict) -> str | None:
+    """What makes ``value`` invalid against the flat object ``schema`` of :data:`PROBE_SCHEMA` (booleans, required
+    keys, no others), or None. A small check, not a JSON Schema validator: the product has no dependency on one."""
+    if not isinstance(value, dict):
+        return f"{value!r} is not an object"
+    missing = [k for k in schema["required"] if k not in value]
+    extra = [k for k in value if k not in schema["properties"]]
+    wrong = [k for k, v in value.items() if k in schema["properties"] and not isinstance(v, bool)]
+    if missing or extra or wrong:
+        return "; ".join(filter(None, [missing and f"missing {missing}", extra and f"not allowed {extra}",
+                                       wrong and f"not a boolean: {wrong}"]))
+    return None
+
+
+def check_json_schema_response(obj: dict, report: ProbeReport, *, max_tokens: int) -> None:
+    """Check a chat answer to a ``response_format: json_schema`` request with :data:`PROBE_SCHEMA`.
+
+    ``obj``: the decoded ``/v1/chat/completions`` body; ``max_tokens``: the request's budget (named in the messages).
+    Content that parses and validates passes. Free text is a problem (the grammar was not applied); an answer the
+    budget cut inside the JSON object (``finish_reason`` "length", content opening with ``{``) is a warning - the
+    grammar was applied, and xgrammar's JSON grammar lets a model pad with whitespace until ``max_tokens`` unless vLLM
+    runs with ``disable_any_whitespace`` (``vllm/config/structured_outputs.py``, vLLM 0.11-0.19) - and so is an
+    answer still on harmony's analysis channel when the budget ended (vLLM applies the schema to the final message).
+    Records ``facts["json_schema_content"]``.
+    """
+    message = _message(obj)
+    content = message.get("content") or ""
+    report.facts["json_schema_content"] = content[:200]
+    try:
+        problem = _schema_problem(json.loads(content), PROBE_SCHEMA)
+    except ValueError:
+        problem = "not JSON"
+    if not problem:
+        return
+    reasoning, _ = _split(message)
+    finish = ((obj.get("choices") or [{}])[0] or {}).get("finish_reason")
+    padding = len(content) - len(content.rstrip())
+    if finish == "length" and content.lstrip().startswith("{"):
+        # seen on vLLM 0.19.1 with the trained tiny GPT-OSS: '{"is_test"     :' then blanks to the budget
+        report.warnings.append(
+            f"json_schema: not checked - the answer reached max_tokens ({max_tokens}) inside the JSON object "
+            f"({content.strip()[:60]!r}"
+            + (f", then {padding} whitespace characters: the model pads where the grammar allows any whitespace; "
+               "serve with --structured-outputs-config '{\"disable_any_whitespace\": true}' for compact JSON)"
+               if padding >= 16 else "; raise --chat-max-tokens)"))
+    elif not content.strip() and reasoning.strip():
+        report.warnings.append(f"json_schema: not checked - no content, only reasoning: the answer did not reach "
+                               f"harmony's final channel within {max_tokens} tokens (the schema applies there); "
+                               "raise --chat-max-tokens")
+    else:
+        report.problems.append(f"json_schema: content {content[:200]!r} does not follow the requested schema "
+                               f"({problem}): the structured-output grammar was not applied")
+
+
+def _probe_api(base: str, model: str, plain: dict, report: ProbeReport, *, timeout: float, chat_max_tokens: int,
+               api_key: str | None) -> None:
+    """The requests users send beyond a plain chat (issue 29), each checked:
+
+    * **tool call**: ``tools`` = [:data:`PROBE_TOOL`], ``tool_choice: "required"`` -> a call returned in
+      ``message.tool_calls`` must name it, with arguments that are a JSON object valid for its parameters; no call at all
+      is a warning (vLLM's harmony path turns "required" into a grammar on the final message, and a GPT-OSS answer can
+      stay off it); a missing structured-output backend answers HTTP 500 (a problem);
+    * **json_schema**: ``response_format`` with :data:`PROBE_SCHEMA` -> ``content`` that parses and validates; an
+      answer cut by ``max_tokens`` inside the object (the grammar applied, the model padding with whitespace) or one
+      still reasoning when the budget ended is a warning, free text a problem;
+    * **streaming**: the plain chat again with ``"stream": true`` -> the concatenated ``content`` and reasoning deltas
+      equal ``plain``'s non-streamed message (temperature 0).
+
+    Problems go to ``report`` (an HTTP error names the request); facts record each answer.
+    """
+    messages = [{"role": "user", "content": CHAT_PROMPT}]
+    body = {"model": model, "messages": messages, "max_tokens": chat_max_tokens, "temperature": 0, "stream": False,
+            "tools": [PROBE_TOOL], "tool_choice": "required"}
+    status, ctype, text, secs = _request("POST", base + "/chat/completions", body, timeout, api_key)
+    report.latency_s["tool_call"] = secs
+    obj = _decode("tool call (tool_choice required)", base + "/chat/completions", status, ctype, text, report)
+    if obj is not None:
+        calls = _message(obj).get("tool_calls") or []
+        name = PROBE_TOOL["function"]["name"]
+        if not calls:
+            # a warning, not a problem: vLLM's harmony path does not always force the call (it turns "required" into
+            # a grammar on the final message, while harmony calls a tool on the commentary channel; seen on vLLM 0.13
+            # with an answer in content) - clients that rely on "required" must check for tool_calls themselves
+            report.warnings.append(f"tool call: tool_choice 'required' returned no tool_calls (content "
+                                   f"{_message(obj).get('content')!r}); without --tool-call-parser openai "
+                                   "--enable-auto-tool-choice a call is never parsed")
+        else:
+            fn = calls[0].get("function") or {}
+            report.facts["tool_call"] = f"{fn.get('name')}({fn.get('arguments')})"
+            try:
+                problem = _schema_problem(json.loads(fn.get("arguments") or ""), PROBE_TOOL["function"]["parameters"])
+            except ValueError:
+                problem = "not JSON"
+            if fn.get("name") != name or problem:
+                report.problems.append(f"tool call: {fn.get('name')}({fn.get('arguments')}) is not a valid call of "
+                                       f"{name}{': ' + problem if problem else ''}")
+
+    body = {"model": model, "messages": messages, "max_tokens": chat_max_tokens, "temperature": 0, "stream": False,
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "is_test", "schema": PROBE_SCHEMA, "strict": True}}}
+    status, ctype, text, secs = _request("POST", base + "/chat/completions", body, timeout, api_key)
+    report.latency_s["json_schema"] = secs
+    obj = _decode("json_schema", base + "/chat/completions", status, ctype, text, report)
+    if obj is not None:
+        check_json_schema_response(obj, report, max_tokens=chat_max_tokens)
+
+    body = {"model": model, "messages": messages, "max_tokens": chat_max_tokens, "temperature": 0, "stream": True}
+    status, ctype, text, secs = _request("POST", base + "/chat/completions", body, timeout, api_key)
+    report.latency_s["stream"] = secs
+    if status != 200:
+        _decode("stream", base + "/chat/completions", status, ctype, text, report)
+    elif "text/event-stream" not in ctype and not text.lstrip().startswith("data:"):
+        report.problems.append(f"stream: \"stream\": true answered without an event stream ({ctype or 'no type'})")
+    else:
+        streamed = _split(_merge_stream(text)["choices"][0]["message"])
+        whole = _split(_message(plain))
+        if streamed != whole:
+            report.problems.append(f"stream: the streamed deltas (reasoning {streamed[0]!r}, content {streamed[1]!r}) "
+                                   f"differ from the non-streamed answer (reasoning {whole[0]!r}, content "
+                                   f"{whole[1]!r})")
+
+
 def probe_server(url: str, model: str | None = None, *, timeout: float = 120.0, chat_max_tokens: int = 512,
                  completion_max_tokens: int = 7, api_key: str | None = None,
-                 environ: dict | None = None) -> ProbeReport:
+                 environ: dict | None = None, api: bool = True) -> ProbeReport:
     """Probe the OpenAI-compatible server at ``url`` and return a :class:`ProbeReport`.
 
     ``url``: ``http(s)://HOST:PORT`` with or without the ``/v1`` suffix. ``model``: the served model
-    name; default the first id of ``GET /v1/models``. ``timeout``: seconds per request (at most three
-    requests are sent). ``chat_max_tokens``: GPT-OSS reasons before it answers, so the chat budget must
+    name; default the first id of ``GET /v1/models``. ``timeout``: seconds per request (at most six
+    requests are sent, three without ``api``). ``chat_max_tokens``: GPT-OSS reasons before it answers, so the chat budget must
     cover the analysis channel. ``api_key``: sent as a Bearer token (default ``$OPENAI_API_KEY``).
-    ``environ``: where ``VLLM_PLUGINS`` is read (default ``os.environ``).
+    ``environ``: where ``VLLM_PLUGINS`` is read (default ``os.environ``). ``api``: also send the three
+    requests of :func:`_probe_api` (a forced tool call, a ``json_schema`` answer, the chat streamed).
     Server faults become problems in the report; raises ``ValueError`` for a URL that is not http(s)
     or a non-positive timeout/token budget.
     """
@@ -295,6 +442,9 @@ def probe_server(url: str, model: str | None = None, *, timeout: float = 120.0, 
     if obj is not None:
         check_chat_response(obj, model, report, chat_max_tokens=chat_max_tokens)
 
+    if obj is not None and api:
+        _probe_api(base, model, obj, report, timeout=timeout, chat_max_tokens=chat_max_tokens, api_key=api_key)
+
     comp_body = {"model": model, "prompt": COMPLETION_PROMPT, "max_tokens": completion_max_tokens,
                  "temperature": 0, "stream": False}
     status, ctype, text, secs = _request("POST", base + "/completions", comp_body, timeout, api_key)
@@ -306,20 +456,23 @@ def probe_server(url: str, model: str | None = None, *, timeout: float = 120.0, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """CLI ``URL [--model NAME] [--timeout S] [--json]``: exit 0 ok, 1 problems, 2 usage error."""
-    from gptoss_patch._cli import parse, positive_float, prog
+    """CLI ``URL [--model NAME] [--timeout S] [--chat-max-tokens N] [--json]``: exit 0 ok, 1 problems, 2 usage
+    error."""
+    from gptoss_patch._cli import at_least, parse, positive_float, prog
 
     ap = argparse.ArgumentParser(prog=prog("gptoss-patch-probe", "gptoss_patch.tools.server_probe"),
                                  description=__doc__.split("\n")[0])
     ap.add_argument("url")
     ap.add_argument("--model", help="served model name (default: the first of GET /v1/models)")
     ap.add_argument("--timeout", type=positive_float, default=120.0, help="seconds per request")
+    ap.add_argument("--chat-max-tokens", type=at_least(1), default=512, metavar="N",
+                    help="max_tokens of each chat request (GPT-OSS reasons before it answers)")
     ap.add_argument("--json", action="store_true")
     args = parse(ap, argv)
     if isinstance(args, int):
         return args
     try:
-        report = probe_server(args.url, args.model, timeout=args.timeout)
+        report = probe_server(args.url, args.model, timeout=args.timeout, chat_max_tokens=args.chat_max_tokens)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -69,11 +69,15 @@ def load(checkpoint, ablation: str | None = None):
 
 
 def greedy(model, prompt: list[int], max_new: int = 64) -> list[int]:
-    """Greedy continuation of ``prompt`` up to and with ``<|return|>`` / ``<|call|>``."""
+    """Greedy continuation of ``prompt`` up to and with ``<|return|>`` / ``<|call|>``. ``model``: a transformers
+    model from :func:`load`, or any object with ``greedy(prompt, max_new, stop)`` (OpenAI's reference,
+    :class:`gptoss_patch_testkit.openai_reference.OpenAIReference`)."""
     import torch
 
     if prompt and prompt[-1] in STOP:
         return []
+    if hasattr(model, "greedy"):
+        return model.greedy(prompt, max_new, STOP)
     ids = torch.tensor([prompt])
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
@@ -82,7 +86,8 @@ def greedy(model, prompt: list[int], max_new: int = 64) -> list[int]:
 
 
 def answer_tokens(model, item: dict) -> tuple[list[int], list[int] | None]:
-    """The greedy answer of ``model`` to ``item``: (first turn, second turn after the tool result or None).
+    """The greedy answer of ``model`` (as :func:`greedy` takes it) to ``item``: (first turn, second turn after the
+    tool result or None).
 
     Exact and cheap: one forward pass over the reference conversation; while every assistant argmax equals the
     reference token, greedy decoding reproduces the reference (by induction); from the first difference on, the
@@ -93,9 +98,12 @@ def answer_tokens(model, item: dict) -> tuple[list[int], list[int] | None]:
 
     meta, toks, mask = item["meta"], item["tokens"], item["mask"]
     pos = [j - 1 for j in range(1, len(toks)) if mask[j]]
-    with torch.no_grad():
-        hidden = model.model(input_ids=torch.tensor([toks])).last_hidden_state[0, pos]
-        pred = dict(zip(pos, model.lm_head(hidden).argmax(-1).tolist()))
+    if hasattr(model, "argmax_at"):  # OpenAI's reference (gptoss_patch_testkit.openai_reference)
+        pred = model.argmax_at(toks, pos)
+    else:
+        with torch.no_grad():
+            hidden = model.model(input_ids=torch.tensor([toks])).last_hidden_state[0, pos]
+            pred = dict(zip(pos, model.lm_head(hidden).argmax(-1).tolist()))
     first_diff = next((j for j in range(1, len(toks)) if mask[j] and pred[j - 1] != toks[j]), None)
     p1 = meta["p1"]
     end1 = p1 + len(meta["gen_ref1"])

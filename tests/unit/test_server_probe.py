@@ -87,10 +87,11 @@ def test_probe_reports_what_transformers_serve_lacks(hf_server):
     report = probe_server(url + "/v1/", str(ckpt), timeout=90, chat_max_tokens=8, completion_max_tokens=4,
                           environ={})
     assert report.url == url + "/v1" and report.model == str(ckpt)
-    assert set(report.latency_s) == {"chat_completion", "completion"}
+    assert set(report.latency_s) == {"chat_completion", "tool_call", "json_schema", "stream", "completion"}
     assert all(0 < s < 90 for s in report.latency_s.values())
     assert report.facts["chat_reasoning_field"] == "absent"
-    assert report.warnings == []
+    assert report.warnings == ["tool call: tool_choice 'required' returned no tool_calls (content None); without "
+                               "--tool-call-parser openai --enable-auto-tool-choice a call is never parsed"]
     chat = f"{url}/v1/chat/completions"
     assert report.problems == [
         f"chat: {chat} answered a non-streaming request (\"stream\": false) with an event stream; OpenAI clients "
@@ -101,6 +102,14 @@ def test_probe_reports_what_transformers_serve_lacks(hf_server):
         "chat: no reasoning field (reasoning_content / reasoning) in the message: serve with --reasoning-parser "
         "openai_gptoss",
         "chat: no usage object (prompt_tokens/completion_tokens/total_tokens)",
+        # transformers serve ignores tools and response_format: no call, no JSON (the stream itself agrees with the
+        # non-streamed answer: both empty)
+        f"tool call (tool_choice required): {chat} answered a non-streaming request (\"stream\": false) with an event "
+        "stream; OpenAI clients and evaluation tools expect one JSON object",
+        f"json_schema: {chat} answered a non-streaming request (\"stream\": false) with an event stream; OpenAI "
+        "clients and evaluation tools expect one JSON object",
+        "json_schema: content '' does not follow the requested schema (not JSON): the structured-output grammar "
+        "was not applied",
         f"completion: HTTP 404 from {url}/v1/completions: {{\"detail\":\"Not Found\"}}",
     ]
     assert not report.ok
@@ -205,3 +214,40 @@ def test_checks_on_broken_variants_of_the_recorded_answer():
         "chat: the reasoning_content field is empty: serve with --reasoning-parser openai_gptoss (vllm#41902)",
         "chat: usage total_tokens 171 is not prompt_tokens + completion_tokens (170)",
     ]
+
+
+def test_json_schema_answers_judged():
+    """A valid object passes; free text is a problem (grammar not applied); an object cut by max_tokens while the
+    model pads with whitespace (the 0.19.1rc1 cell's answer to the probe: '{"is_test"     :' and blanks to 512
+    tokens) and an answer still reasoning are warnings naming the setting that helps."""
+    import copy
+
+    from gptoss_patch.tools.server_probe import ProbeReport, check_json_schema_response
+
+    def judged(content, finish="stop", reasoning="The user wants JSON."):
+        answer = copy.deepcopy(SEED_VLLM_CHAT)
+        answer["choices"][0]["message"].update(content=content, reasoning_content=reasoning, reasoning=reasoning)
+        answer["choices"][0]["finish_reason"] = finish
+        report = ProbeReport(url="-")
+        check_json_schema_response(answer, report, max_tokens=512)
+        return report.problems, report.warnings
+
+    assert judged('{"is_test": true}') == ([], [])
+    assert judged('{ "is_test" : false }\n') == ([], [])
+    assert judged("I'm ChatGPT") == (["json_schema: content \"I'm ChatGPT\" does not follow the requested schema "
+                                      "(not JSON): the structured-output grammar was not applied"], [])
+    assert judged('{"is_test": "yes"}') == (["json_schema: content '{\"is_test\": \"yes\"}' does not follow the "
+                                             "requested schema (not a boolean: ['is_test']): the structured-output "
+                                             "grammar was not applied"], [])
+    problems, warnings = judged('{"is_test"     :' + " " * 480, finish="length")
+    assert problems == [] and warnings == [
+        "json_schema: not checked - the answer reached max_tokens (512) inside the JSON object ('{\"is_test\"     :', "
+        "then 480 whitespace characters: the model pads where the grammar allows any whitespace; serve with "
+        "--structured-outputs-config '{\"disable_any_whitespace\": true}' for compact JSON)"]
+    problems, warnings = judged('{"is_te', finish="length")
+    assert problems == [] and warnings[0].endswith("('{\"is_te'; raise --chat-max-tokens)")
+    problems, warnings = judged(None, finish="length")
+    assert problems == [] and warnings[0].startswith("json_schema: not checked - no content, only reasoning")
+    # a stop inside the object is not the budget: the grammar let an unfinished object end
+    assert judged('{"is_test"')[0] == ["json_schema: content '{\"is_test\"' does not follow the requested schema "
+                                        "(not JSON): the structured-output grammar was not applied"]

@@ -15,8 +15,9 @@ float32, ``--reasoning-parser openai_gptoss --tool-call-parser openai --enable-a
 3. **API features** (:data:`CHECKS`): ``tool_choice`` ``required`` and named, ``response_format: json_schema`` (the
    task's object, and a schema the model's natural answer violates, which only an applied grammar satisfies),
    streaming (concatenated deltas equal the non-streamed answer) for a plain, a JSON and a tool-call answer,
-   ``reasoning_effort`` low / high in the rendered system message, ``verify --server`` (exit 0), and last a constrained
-   request batched with plain ones.
+   ``reasoning_effort`` low / high in the rendered system message, ``/v1/responses`` (the Responses API answers a plain,
+   a JSON and a tool item as chat completions does: the same reasoning, the same message text, the same function call),
+   ``verify --server`` (exit 0), and last a constrained request batched with plain ones.
 
 Nothing here asserts: the report says what happened; ``tests/cell/test_api.py`` and its native twin assert.
 """
@@ -28,14 +29,15 @@ import json
 import sys
 import time
 import traceback
+import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 #: The API feature checks, in the order run (see the module docstring).
 CHECKS = ("tool_choice_required", "tool_choice_named", "json_schema", "json_schema_enforced", "stream_recall",
-          "stream_json", "stream_tool", "reasoning_effort_low", "reasoning_effort_high", "verify_server",
-          "json_schema_in_mixed_batch")
+          "stream_json", "stream_tool", "reasoning_effort_low", "reasoning_effort_high", "responses_recall",
+          "responses_json", "responses_tool", "verify_server", "json_schema_in_mixed_batch")
 
 def forced_mode_schema(mode: str) -> dict:
     """The task's object with ``mode`` allowed to be ``mode`` only. Asked of an item whose answer has another mode,
@@ -77,6 +79,10 @@ class ItemResult:
     server_detail: str = ""
     reference_detail: str = ""
     text: str = ""  # the server's answer, decoded
+    #: OpenAI's reference implementation (``gpt_oss/torch/model.py``, float32; empty where ``gpt-oss`` is not
+    #: installed: :mod:`gptoss_patch_testkit.openai_reference`), greedy on the same prompts
+    openai: list[list[int]] = field(default_factory=list)
+    openai_right: bool = False
 
     @property
     def tokens_equal(self) -> bool:
@@ -169,13 +175,13 @@ class ApiReport:
         return [] if check["ok"] else [f"{prop}: {check['detail']}"]
 
     def accuracy(self, who: str) -> float:
-        """Share of items right through ``"server"`` (raw completions), ``"reference"``, ``"expected"`` (the deviated
-        reference) or ``"chat"``."""
+        """Share of items right through ``"server"`` (raw completions), ``"reference"`` (transformers), ``"expected"``
+        (the deviated reference), ``"openai"`` (OpenAI's reference implementation) or ``"chat"``."""
         rows = self.chats if who == "chat" else self.items
         if not rows:
             return 0.0
         attr = {"chat": "right", "server": "server_right", "reference": "reference_right",
-                "expected": "expected_right"}[who]
+                "expected": "expected_right", "openai": "openai_right"}[who]
         ok = [getattr(r, attr) for r in rows]
         return sum(ok) / len(ok)
 
@@ -368,6 +374,30 @@ def run_checks(report: ApiReport, client, url: str, items: list[dict]) -> None:
     _check(report, "reasoning_effort_low", effort("low"))
     _check(report, "reasoning_effort_high", effort("high"))
 
+    def responses(item):
+        """``POST /v1/responses`` (vLLM's harmony path, ``serving_responses.py``) with the item's user message (and the
+        task's tool in the Responses format): its ``reasoning`` item, ``message`` text and ``function_call`` equal the
+        chat completion of the same item (``report.chats``, greedy, the same budget), and the answer is not empty."""
+        def fn():
+            chat = report.chats[items.index(item)]
+            kw = dict(model=MODEL, input=item["meta"]["user"], temperature=0, max_output_tokens=96)
+            if item["meta"]["kind"] == "tool":
+                kw["tools"] = [{"type": "function", **t["function"]} for t in harmony.chat_tools()]
+            r = client.responses.create(**kw)
+            got = {"reasoning": "".join(c.text for o in r.output if o.type == "reasoning" for c in (o.content or [])),
+                   "content": "".join(c.text for o in r.output if o.type == "message" for c in o.content
+                                      if c.type == "output_text"),
+                   "tool_calls": [{"name": o.name, "arguments": o.arguments} for o in r.output
+                                  if o.type == "function_call"]}
+            want = {"reasoning": chat.reasoning or "", "content": chat.content or "",
+                    "tool_calls": [{"name": c["name"], "arguments": c["arguments"]} for c in chat.tool_calls]}
+            return got == want and bool(got["content"] or got["tool_calls"]), f"responses {got} / chat {want}"
+        return fn
+
+    _check(report, "responses_recall", responses(recall_item))
+    _check(report, "responses_json", responses(json_item))
+    _check(report, "responses_tool", responses(tool_item))
+
     def verify_server():
         """``python -m gptoss_patch.verify --server URL`` (the operations kit's probe) exits 0 against this model."""
         import subprocess
@@ -521,6 +551,17 @@ def run(workdir: Path, mode: str = "PIECEWISE", n_items: int = 12, extra_env: di
                 res.expected.append(reference_greedy(deviated, harmony.second_prompt_ids(it, res.expected[0])))
             res.expected_right = harmony.judge_tokens(it, *res.expected)[0]
     report.seconds["reference"] = time.perf_counter() - t5
+    from gptoss_patch_testkit import ablations, openai_reference
+
+    if openai_reference.available():  # the second oracle (installed in the 0.11.0 cell: the demo's)
+        t6 = time.perf_counter()
+        ref = openai_reference.load(ckpt)
+        for res, it in zip(report.items, items):
+            res.openai.append(ablations.greedy(ref, harmony.prompt_ids(it)))
+            if res.kind == "tool":
+                res.openai.append(ablations.greedy(ref, harmony.second_prompt_ids(it, res.openai[0])))
+            res.openai_right = harmony.judge_tokens(it, *res.openai)[0]
+        report.seconds["openai_reference"] = time.perf_counter() - t6
     return report
 
 
@@ -540,8 +581,12 @@ def print_report(report: ApiReport, out=sys.stdout) -> None:
     p(f"accuracy on {len(report.items)} items: server {report.accuracy('server'):.0%} (raw completions), "
       f"transformers {report.accuracy('reference'):.0%}"
       + (f" ({report.expected_ablation}: {report.accuracy('expected'):.0%})" if report.expected_ablation else "")
+      + (f", OpenAI's reference gpt_oss/torch {report.accuracy('openai'):.0%}"
+         if any(r.openai for r in report.items) else "")
       + f", chat API {report.accuracy('chat'):.0%}; "
-      f"tokens equal to transformers' in {same}/{len(report.items)}")
+      f"tokens equal to transformers' in {same}/{len(report.items)}"
+      + (f", to OpenAI's reference in {sum(r.server == r.openai for r in report.items)}/{len(report.items)}"
+         if any(r.openai for r in report.items) else ""))
     for name in CHECKS:
         c = report.checks.get(name)
         if c is not None:

@@ -1,0 +1,77 @@
+"""OpenAI's own reference implementation (``gpt-oss`` on PyPI, ``gpt_oss/torch/model.py``, float32) as the second
+oracle of the trained harmony model (issue 29; :mod:`gptoss_patch_testkit.openai_reference`): it answers every held-out
+item with transformers' tokens, and the two oracles agree on what GPT-OSS's 128-key window is (with 129 keys both lose
+the same answers)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gptoss_patch.selftest import harmony
+from gptoss_patch.tools import tokenizer
+from gptoss_patch_testkit import ablations, openai_reference
+
+ITEMS = 24
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in tokenizer.prepare(tmp_path_factory.mktemp("vocab")).env.items():
+            mp.setenv(k, v)
+        ckpt = harmony.write_checkpoint(tmp_path_factory.mktemp("harmony"), tokenizer=False)
+        items = harmony.eval_items(ITEMS)
+        yield ckpt, items, ablations.load(ckpt), openai_reference.load(ckpt)
+
+
+def test_the_reference_is_openais_code():
+    import gpt_oss.torch.model as model
+
+    assert openai_reference.available()
+    assert model.__file__.endswith("gpt_oss/torch/model.py") and "site-packages" in model.__file__
+
+
+def test_openais_reference_answers_every_item_with_transformers_tokens(setup):
+    ckpt, items, hf, ref = setup
+    answers = [ablations.answer_tokens(ref, it) for it in items]
+    assert answers == [ablations.answer_tokens(hf, it) for it in items]
+    assert ablations.accuracy(ref, items)[0] == ablations.accuracy(hf, items)[0] == 1.0
+
+
+def test_openais_logits_match_transformers_on_a_whole_conversation(setup):
+    import torch
+
+    ckpt, items, hf, ref = setup
+    toks = items[0]["tokens"]  # longer than the window: both attention kinds and YaRN past the first positions
+    assert len(toks) > harmony.WINDOW
+    with torch.no_grad():
+        expected = hf(input_ids=torch.tensor([toks])).logits[0]
+        got = ref.model.unembedding(ref._hidden(toks))
+    assert torch.allclose(got, expected, atol=2e-4, rtol=0), (got - expected).abs().max().item()
+
+
+def test_both_oracles_lose_the_same_answers_with_a_129_key_band(setup):
+    """The negative control: OpenAI's attention with ``sliding_window`` 129 (its mask ``tril(-inf, diagonal=-129)``)
+    answers exactly as transformers' ``band129`` ablation, and worse than with 128."""
+    ckpt, items, hf, _ = setup
+    ref = openai_reference.load(ckpt)
+    for block in ref.model.block:
+        if block.attn.sliding_window:
+            block.attn.sliding_window += 1
+    band = ablations.load(ckpt, "band129")
+    answers = [ablations.answer_tokens(ref, it) for it in items]
+    assert answers == [ablations.answer_tokens(band, it) for it in items]
+    assert ablations.accuracy(ref, items)[0] < 1.0
+
+
+def test_a_checkpoint_the_reference_would_compute_otherwise_is_named(tmp_path):
+    config = json.loads((harmony.write_checkpoint(tmp_path / "c", tokenizer=False) / "config.json").read_text())
+    wrong = [dict(config, layer_types=["full_attention", "sliding_attention"]),
+             dict(config, rope_scaling=dict(config["rope_scaling"], truncate=True)),
+             dict(config, model_type="llama")]
+    messages = ["windows exactly the even layers", "never rounds YaRN", "computes gpt_oss only"]
+    for cfg, message in zip(wrong, messages):
+        with pytest.raises(ValueError, match=message):
+            openai_reference._config(cfg)
