@@ -40,3 +40,15 @@ def bare_site(tmp_path):
     for hook in ("_gptoss_patch_hook.py", "_gptoss_patch_hook_loader.py"):
         shutil.copy(ROOT / hook, site / hook)
     return py, site
+
+
+def harmony_setup(tmp_path_factory, n_items: int):
+    """Generator for module fixtures on the trained harmony model: yields ``(checkpoint dir, the first n_items
+    held-out items)`` with the o200k_harmony tokenizer's environment set (undone after the module)."""
+    from gptoss_patch.selftest import harmony
+    from gptoss_patch.tools import tokenizer
+
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in tokenizer.prepare(tmp_path_factory.mktemp("vocab")).env.items():
+            mp.setenv(k, v)
+        yield harmony.write_checkpoint(tmp_path_factory.mktemp("harmony"), tokenizer=False), harmony.eval_items(n_items)

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from gptoss_patch.selftest import harmony
-from gptoss_patch.tools import tokenizer
+from conftest import harmony_setup
 from gptoss_patch_testkit import ablations, openai_reference
 
 ITEMS = 24
@@ -18,11 +18,7 @@ ITEMS = 24
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in tokenizer.prepare(tmp_path_factory.mktemp("vocab")).env.items():
-            mp.setenv(k, v)
-        ckpt = harmony.write_checkpoint(tmp_path_factory.mktemp("harmony"), tokenizer=False)
-        items = harmony.eval_items(ITEMS)
+    for ckpt, items in harmony_setup(tmp_path_factory, ITEMS):
         yield ckpt, items, ablations.load(ckpt), openai_reference.load(ckpt)
 
 
