@@ -300,7 +300,8 @@ def check_json_schema_response(obj: dict, report: ProbeReport, *, max_tokens: in
     grammar was applied, and xgrammar's JSON grammar lets a model pad with whitespace until ``max_tokens`` unless vLLM
     runs with ``disable_any_whitespace`` (``vllm/config/structured_outputs.py``, vLLM 0.11-0.19) - and so is an
     answer still on harmony's analysis channel when the budget ended (vLLM applies the schema to the final message).
-    Records ``facts["json_schema_content"]``.
+    No content and no reasoning at ``finish_reason`` "length" is a problem of its own (no harmony message at all, as
+    the plain chat's empty message), not a grammar that was skipped. Records ``facts["json_schema_content"]``.
     """
     message = _message(obj)
     content = message.get("content") or ""
@@ -326,6 +327,12 @@ def check_json_schema_response(obj: dict, report: ProbeReport, *, max_tokens: in
         report.warnings.append(f"json_schema: not checked - no content, only reasoning: the answer did not reach "
                                f"harmony's final channel within {max_tokens} tokens (the schema applies there); "
                                "raise --chat-max-tokens")
+    elif not content.strip() and finish == "length":
+        # the same finding as the plain chat's empty message: nothing the reasoning parser could split into harmony
+        # messages came back within the budget, so there was no final message for the grammar to constrain
+        report.problems.append(f"json_schema: empty message.content and reasoning, finish_reason 'length': the answer "
+                               f"formed no harmony message within {max_tokens} tokens, so the schema (which applies "
+                               "to the final message) was never reached; raise --chat-max-tokens")
     else:
         report.problems.append(f"json_schema: content {content[:200]!r} does not follow the requested schema "
                                f"({problem}): the structured-output grammar was not applied")

@@ -248,6 +248,13 @@ def test_json_schema_answers_judged():
     assert problems == [] and warnings[0].endswith("('{\"is_te'; raise --chat-max-tokens)")
     problems, warnings = judged(None, finish="length")
     assert problems == [] and warnings[0].startswith("json_schema: not checked - no content, only reasoning")
+    # neither content nor reasoning within the budget: no harmony message at all (a model that does not speak
+    # harmony, as the main job's random tiny model), named as such - not a grammar that was skipped
+    assert judged(None, finish="length", reasoning=None) == ([
+        "json_schema: empty message.content and reasoning, finish_reason 'length': the answer formed no harmony "
+        "message within 512 tokens, so the schema (which applies to the final message) was never reached; raise "
+        "--chat-max-tokens"], [])
+    assert judged("", reasoning="")[0][0].startswith("json_schema: content '' does not follow")  # stopped: no excuse
     # a stop inside the object is not the budget: the grammar let an unfinished object end
     assert judged('{"is_test"')[0] == ["json_schema: content '{\"is_test\"' does not follow the requested schema "
                                         "(not JSON): the structured-output grammar was not applied"]

@@ -53,10 +53,12 @@ MODES = ("PIECEWISE", "FULL_DECODE_ONLY", "eager")
 
 #: The problems ``verify --server`` may report against the tiny model: its random weights never emit harmony's channel
 #: structure (``<|channel|>analysis<|message|>...<|end|>`` then ``final``), so the reasoning parser finds neither a
-#: reasoning nor a final message and both fields stay empty. Every other check of the probe (model echo, the reasoning
-#: field present through ``--reasoning-parser openai_gptoss``, usage, the raw completion) must pass.
+#: reasoning nor a final message and both fields stay empty - in the plain chat and in the ``json_schema`` request
+#: alike (the schema applies to a final message that never comes). Every other check of the probe (model echo, the
+#: reasoning field present through ``--reasoning-parser openai_gptoss``, usage, the raw completion, streamed = non-
+#: streamed) must pass.
 RANDOM_WEIGHTS_PROBLEMS = ("chat: empty message.content", "chat: the reasoning_content field is empty",
-                           "chat: the reasoning field is empty")
+                           "chat: the reasoning field is empty", "json_schema: empty message.content and reasoning")
 
 #: vLLM log lines the report is read from (vllm 0.11-0.19 wording).
 _ACTIVATED = re.compile(r"gptoss-patch: pid (\d+) \(([^)]*)\) activated by ([\w-]+): (\w[\w-]*)")
