@@ -8,7 +8,6 @@ the state (and the already-wrapped objects); a spawned child starts again from t
 
 from __future__ import annotations
 
-import functools
 import sys
 import threading
 
@@ -105,9 +104,12 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
         return status(drift=False)
     import wrapt
 
+    from gptoss_patch.registry import registering
+
     try:
-        for registry, module in hooks:
-            wrapt.register_post_import_hook(functools.partial(_hook, registry), module)
+        with registering():  # a module already imported but still executing is deferred, not failed (issue 32)
+            for registry, module in hooks:
+                wrapt.register_post_import_hook(registry.hook, module)
     finally:
         _hooks_registered.set()
     return status(drift=False)
@@ -163,16 +165,6 @@ def _register(row: matrix.Row) -> list[tuple[Registry, str]]:
     registry = Registry([spec for spec, _ in layout_plan(row.layout)], matrix.LAYOUTS[row.layout or ""])
     _state.registry = registry
     return [(registry, module) for module in registry.target_modules()]
-
-
-def _hook(registry: Registry, module) -> None:
-    # A hook must never break the user's import; the registry records failures in the status.
-    try:
-        registry.on_import(module)
-    except Exception as exc:  # noqa: BLE001
-        for st in registry.states.values():
-            if st.state == "pending" and st.target.startswith(module.__name__ + ":"):
-                st.state, st.reason = "failed", f"hook raised {type(exc).__name__}: {exc}"
 
 
 def deactivate() -> Status:

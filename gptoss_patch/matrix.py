@@ -140,6 +140,7 @@ VLLM_RELIED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 MXFP4_TARGETS: dict[str, str] = {
     "mxfp4_verify_quantization": "vllm.config.model:ModelConfig._verify_quantization",
     "mxfp4_load_weights": "vllm.model_executor.models.gpt_oss:GptOssModel.load_weights",
+    "mxfp4_causal_lm_load_weights": "vllm.model_executor.models.gpt_oss:GptOssForCausalLM.load_weights",
 }
 
 #: Which patches (by name, see gptoss_patch.patches) each layout family needs. One name per line: each

@@ -22,11 +22,12 @@ patching (ddtrace ``contrib/*/patch.py``).
 from __future__ import annotations
 
 import ast
+import contextlib
 import inspect
 import sys
 import threading
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from gptoss_patch.fingerprint import _ast_params, _find_def, _parsed, module_source_path, split_target
 
@@ -192,6 +193,45 @@ class _Applied:
     rebound: list[tuple[Any, str, Any]] = field(default_factory=list)
 
 
+#: How long a waiter thread (:meth:`Registry.hook`) waits for a module another thread is still importing (s).
+DEFERRED_WAIT_S = 600.0
+
+#: Registries holding a target module whose import had not finished when its hook fired (:meth:`Registry.hook`).
+_deferring: set = set()
+_deferring_lock = threading.Lock()
+
+
+def still_importing(module: Any) -> bool:
+    """True while ``module``'s import has not finished: importlib keeps ``module.__spec__._initializing`` set for the
+    whole of its ``exec_module`` (CPython ``Lib/importlib/_bootstrap.py`` ``_load_unlocked``, 3.4 ... 3.13; a
+    module is put in ``sys.modules`` before it executes)."""
+    return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
+
+
+_registration = threading.local()
+
+
+@contextlib.contextmanager
+def registering() -> Iterator[None]:
+    """Around ``wrapt.register_post_import_hook`` calls: a hook that ``wrapt`` runs at once from inside (its module
+    already in ``sys.modules``) defers a module whose import has not finished (:meth:`Registry.hook`). Per thread."""
+    _registration.active = True
+    try:
+        yield
+    finally:
+        _registration.active = False
+
+
+def complete_deferred() -> None:
+    """Apply the patches of every registry whose target module was still importing when its hook fired and has
+    finished since (:meth:`Registry.complete_deferred`). Called from every post-import hook of ours and by the GPT-OSS
+    guard before it judges the patch states; never imports anything."""
+    with _deferring_lock:
+        registries = list(_deferring)
+    for registry in registries:
+        registry.complete_deferred()
+
+
 class Registry:
     """Holds the patches of one activation: their state, and what to undo on :meth:`remove_all`.
 
@@ -205,6 +245,10 @@ class Registry:
         self.layout = layout
         self.states: dict[str, PatchState] = {}
         self._applied: dict[str, _Applied] = {}
+        self._deferred: set[str] = set()
+        self._waiter: threading.Thread | None = None
+        #: modules whose hook fired at registration while they were still importing (deferred, in order)
+        self.deferred_history: list[str] = []
         self.enabled = True
         for s in specs:
             target = layout.get(s.target_key)
@@ -228,17 +272,110 @@ class Registry:
                     out.setdefault(rmod, []).append(name)
         return out
 
+    def hook(self, module: Any) -> None:
+        """The post-import hook registered with ``wrapt`` for each of :meth:`target_modules`. Never raises - a hook
+        must not break the user's import; a failure is recorded on the module's pending patches.
+
+        ``wrapt`` calls it on two paths. After a module's ``exec_module`` (its finder's chained loader): the module
+        is complete, :meth:`on_import` applies. At registration, at once, when the module is already in
+        ``sys.modules`` (:func:`registering`): that module may still be executing - in another thread (two threads'
+        first imports of vllm-ascend modules, issue 32) or further up this thread's stack - and its target class not
+        defined yet. Such a module is *deferred*, not failed: its patches stay pending ("still being imported"), a
+        daemon thread waits for the import to finish (polling ``__spec__._initializing``; it imports nothing and
+        holds no lock while it waits) and applies them, and :func:`complete_deferred` - run after every hook of ours
+        and by the GPT-OSS guard before it judges - applies them if it comes first.
+        """
+        if getattr(_registration, "active", False) and still_importing(module):
+            self._defer(module.__name__)
+            return
+        self._safe_on_import(module)
+        try:
+            complete_deferred()
+        except Exception:  # noqa: BLE001 - the guard sweeps again before it judges
+            pass
+
+    def _safe_on_import(self, module: Any) -> None:
+        try:
+            self.on_import(module)
+        except Exception as exc:  # noqa: BLE001
+            with self._lock:
+                for st in self.states.values():
+                    if st.state == PENDING and st.target.startswith(module.__name__ + ":"):
+                        st.state, st.reason = FAILED, f"hook raised {type(exc).__name__}: {exc}"
+
     def on_import(self, module: Any) -> None:
         """Post-import hook body: apply every pending patch whose target is in ``module``; rebind by-value names."""
         with self._lock:
             if not self.enabled:
                 return
+            self._deferred.discard(module.__name__)
             for name, st in self.states.items():
                 spec = self.specs[name]
                 if st.target != "-" and split_target(st.target)[0] == module.__name__ and st.state == PENDING:
                     self._apply(spec, st, module)
                 if name in self._applied:
                     self._rebind(spec, self._applied[name], module)
+
+    def _defer(self, name: str) -> None:
+        with self._lock:
+            if not self.enabled:
+                return
+            self._deferred.add(name)
+            self.deferred_history.append(name)
+            for st in self.states.values():
+                if st.state == PENDING and st.target.startswith(name + ":"):
+                    st.reason = (f"waiting: {name} was still being imported when the hook fired; applied when that "
+                                 "import finishes")
+            start = self._waiter is None or not self._waiter.is_alive()
+            if start:
+                self._waiter = threading.Thread(target=self._wait_deferred, name="gptoss-patch-deferred",
+                                                daemon=True)
+        with _deferring_lock:
+            _deferring.add(self)
+        if start:
+            self._waiter.start()
+
+    def _wait_deferred(self) -> None:
+        """Daemon thread: poll the deferred modules until their imports finish, then apply (:data:`DEFERRED_WAIT_S`
+        at most; the guard's :func:`complete_deferred` remains)."""
+        import time
+
+        deadline = time.monotonic() + DEFERRED_WAIT_S
+        while time.monotonic() < deadline:
+            with self._lock:
+                names = set(self._deferred)
+            if not names:
+                return
+            if any(m is None or not still_importing(m) for m in map(sys.modules.get, names)):
+                self.complete_deferred()
+                continue
+            time.sleep(0.002)
+
+    def complete_deferred(self) -> None:
+        """Apply the patches of the deferred modules whose import has finished. A module that left ``sys.modules``
+        (its import failed) gets a fresh ``wrapt`` post-import hook, so that a later import applies them."""
+        with self._lock:
+            names = sorted(self._deferred)
+        for name in names:
+            module = sys.modules.get(name)
+            if module is not None and still_importing(module):
+                continue
+            with self._lock:
+                self._deferred.discard(name)
+                for st in self.states.values():
+                    if st.state == PENDING and st.target.startswith(name + ":"):
+                        st.reason = PatchState.reason
+            if module is not None:
+                self._safe_on_import(module)
+            else:
+                import wrapt
+
+                wrapt.register_post_import_hook(self.hook, name)
+        with self._lock:
+            done = not self._deferred
+        if done:
+            with _deferring_lock:
+                _deferring.discard(self)
 
     def _apply(self, spec: PatchSpec, st: PatchState, module: Any) -> None:
         import wrapt

@@ -8,7 +8,7 @@ Why
     ``supported_quantization`` is ``ascend`` / ``compressed-tensors``, 0.11.0 ... 0.19.1rc1 ``platform.py``). Users
     fetch a third-party BF16 copy (~240 GB for 120b) instead.
 How
-    Two ``wrapt`` wrappers on vLLM (same targets in vLLM 0.11.0 ... 0.19.1, :data:`gptoss_patch.matrix.MXFP4_TARGETS`):
+    Three ``wrapt`` wrappers on vLLM (same targets in vLLM 0.11.0 ... 0.19.1, :data:`gptoss_patch.matrix.MXFP4_TARGETS`):
 
     * ``ModelConfig._verify_quantization``: for a ``gpt_oss`` model whose ``quantization_config.quant_method`` is
       ``mxfp4`` (and ``--quantization`` unset or ``mxfp4``), the model is configured unquantized
@@ -28,6 +28,12 @@ How
       Non-expert tensors (attention, router, norms, embeddings, expert biases, all BF16 in the official files)
       pass through unchanged.
 
+    * ``GptOssForCausalLM.load_weights``: the whole stream. vLLM's ``AutoWeightsLoader`` hands ``GptOssModel`` one
+      call per run of ``model.*`` names; when a shard boundary falls between a layer's ``*_blocks`` and ``*_scales``
+      and ``lm_head.weight`` sorts between them (safetensors lists a shard's names sorted; ``lm_head`` < ``model``),
+      the pair arrives in two calls. The first half waits on the ``GptOssModel`` for the second; after the stream,
+      a half still waiting is an error.
+
     Bad input stops the load with :class:`Mxfp4CheckpointError` naming the tensor and the expected shape: blocks
     without scales (or the reverse) at the end of the stream, blocks/scales of the wrong shape or dtype. Before any
     weight loads, the guard reads the safetensors headers (:func:`gptoss_patch.checkpoints.check_files`): missing partners, wrong shapes and
@@ -37,6 +43,8 @@ How
 Upstream releases
     vLLM 0.11.0, 0.12.0, 0.13.0, 0.14.1, 0.15.0, 0.16.0, 0.17.0, 0.18.0, 0.19.1 (``vllm/config/model.py``
     ``ModelConfig._verify_quantization``; ``vllm/model_executor/models/gpt_oss.py`` ``GptOssModel.load_weights`` /
+    ``GptOssForCausalLM.load_weights`` (``AutoWeightsLoader``, ``vllm/model_executor/models/utils.py``
+    ``_groupby_prefix``: ``itertools.groupby`` on the first name part) /
     ``_load_weights_other`` and the ``hf_to_vllm_mapper`` suffixes ``.gate_up_proj_blocks -> .w13_weight``,
     ``.gate_up_proj_scales -> .w13_weight_scale``, ``.down_proj_blocks -> .w2_weight``, ``.down_proj_scales ->
     .w2_weight_scale``); docs/upstream.md "MXFP4 checkpoints".
@@ -67,7 +75,8 @@ _VLLM_SUFFIXES = {
 }
 
 
-def dequantized_stream(weights: Iterable[tuple[str, Any]], config: Any) -> Iterator[tuple[str, Any]]:
+def dequantized_stream(weights: Iterable[tuple[str, Any]], config: Any,
+                       pending: dict[str, dict[str, Any]] | None = None) -> Iterator[tuple[str, Any]]:
     """Rewrite a GPT-OSS weight stream (vLLM names, after ``hf_to_vllm_mapper``): each layer's MXFP4 pair becomes one
     BF16 tensor under the blocks' name (``...experts.w13_weight`` ``[E, H, 2I]``, ``...experts.w2_weight``
     ``[E, I, H]``: the BF16 checkpoint layout), as a :class:`gptoss_patch.kernels.mxfp4.LazyMxfp4`; everything else
@@ -76,17 +85,23 @@ def dequantized_stream(weights: Iterable[tuple[str, Any]], config: Any) -> Itera
     Args:
         weights: ``(name, tensor)`` pairs; blocks uint8 ``[E, R, G, 16]``, scales uint8 ``[E, R, G]``.
         config: the HF ``GptOssConfig`` (``num_local_experts``, ``hidden_size``, ``intermediate_size``).
+        pending: halves of pairs still waiting for their partner, carried from one call to the next. vLLM's
+            ``AutoWeightsLoader`` calls ``GptOssModel.load_weights`` once per run of ``model.*`` names, so a pair
+            split by a shard boundary with ``lm_head.weight`` between them arrives in two calls; given a dict, the
+            halves left at the end stay in it (the caller checks it when the whole stream is done,
+            :func:`incomplete_pairs_error`). ``None``: a half left at the end is an error here.
 
     Raises:
         Mxfp4CheckpointError: a blocks/scales tensor of the wrong shape or dtype (named, with the expected shape), or
-            at the end of the stream a blocks tensor without its scales (or the reverse).
+            (``pending`` None) at the end of the stream a blocks tensor without its scales (or the reverse).
     """
     import torch
 
     from gptoss_patch.kernels.mxfp4 import LazyMxfp4, Mxfp4ShapeError, check_pair
 
     shapes = mxfp4_shapes(config)
-    pending: dict[str, dict[str, Any]] = {}
+    carried = pending is not None
+    pending = {} if pending is None else pending
     for name, tensor in weights:
         suffix = next((s for s in _VLLM_SUFFIXES if name.endswith(s)), None)
         if suffix is None or (suffix.endswith("_weight") and tensor.dtype != torch.uint8):
@@ -105,15 +120,22 @@ def dequantized_stream(weights: Iterable[tuple[str, Any]], config: Any) -> Itera
             except Mxfp4ShapeError as exc:
                 raise Mxfp4CheckpointError(str(exc)) from None
             yield slot["name"], LazyMxfp4.create(slot["blocks"], slot["scales"])
-    if pending:
-        lines = []
-        for slot in pending.values():
-            have = "blocks" if "blocks" in slot else "scales"
-            miss = "scales" if have == "blocks" else "blocks"
-            label = _hf_name(slot["name"].rsplit(".", 1)[0], slot["kind"])
-            lines.append(f"{label}_{have} has no {label}_{miss} (expected shape {list(shapes[slot['kind']][miss])} "
-                         "uint8)")
-        raise Mxfp4CheckpointError("MXFP4 GPT-OSS checkpoint incomplete, nothing was served: " + "; ".join(lines))
+    if pending and not carried:
+        raise incomplete_pairs_error(pending, config)
+
+
+def incomplete_pairs_error(pending: dict[str, dict[str, Any]], config: Any) -> Mxfp4CheckpointError:
+    """The error for halves of MXFP4 pairs still unpaired when the weight stream ended: each named with the tensor it
+    lacks and that tensor's expected shape (``pending`` as :func:`dequantized_stream` keeps it)."""
+    shapes = mxfp4_shapes(config)
+    lines = []
+    for slot in pending.values():
+        have = "blocks" if "blocks" in slot else "scales"
+        miss = "scales" if have == "blocks" else "blocks"
+        label = _hf_name(slot["name"].rsplit(".", 1)[0], slot["kind"])
+        lines.append(f"{label}_{have} has no {label}_{miss} (expected shape {list(shapes[slot['kind']][miss])} "
+                     "uint8)")
+    return Mxfp4CheckpointError("MXFP4 GPT-OSS checkpoint incomplete, nothing was served: " + "; ".join(lines))
 
 
 def _hf_name(vllm_base: str, kind: str) -> str:
@@ -150,14 +172,20 @@ def _verify_quantization(wrapped, instance, args, kwargs):
     return wrapped(*args, **kwargs)
 
 
+#: Attribute of a ``GptOssModel`` that holds the halves of MXFP4 pairs between two of its ``load_weights`` calls.
+_PENDING = "_gptoss_patch_mxfp4_pending"
+
+
 def _load_weights(wrapped, instance, args, kwargs):
     """wrapt wrapper for vLLM ``GptOssModel.load_weights(weights)``: MXFP4 pairs streamed as lazy BF16 tensors into
-    upstream's BF16 loader (see the module docstring)."""
+    upstream's BF16 loader (see the module docstring). A half whose partner is not in this call waits on the model
+    for the next call (:data:`_PENDING`); :func:`_check_pairs_complete` refuses what is left at the end."""
     config = getattr(instance, "config", None)
     if config is None or not is_gpt_oss_mxfp4(config) or not _experts_unquantized(instance):
         return wrapped(*args, **kwargs)
     weights = args[0] if args else kwargs.pop("weights")
-    stream = dequantized_stream(weights, config)
+    pending = instance.__dict__.setdefault(_PENDING, {})
+    stream = dequantized_stream(weights, config, pending)
     instance.config = _without_quantization(config)
     try:
         loaded = wrapped(stream, *args[1:], **kwargs)
@@ -166,6 +194,20 @@ def _load_weights(wrapped, instance, args, kwargs):
     from gptoss_patch import evidence
 
     evidence.first_use("mxfp4", "MXFP4 experts dequantized to BF16 while loading")
+    return loaded
+
+
+def _check_pairs_complete(wrapped, instance, args, kwargs):
+    """wrapt wrapper for vLLM ``GptOssForCausalLM.load_weights(weights)``, the whole checkpoint stream: after it, no
+    half of an MXFP4 pair may still wait for its partner (:data:`_PENDING` on ``instance.model``) - raised as
+    :class:`Mxfp4CheckpointError` naming each missing tensor and its expected shape."""
+    model = getattr(instance, "model", None)
+    if model is not None:
+        model.__dict__.pop(_PENDING, None)  # a fresh stream
+    loaded = wrapped(*args, **kwargs)
+    pending = model.__dict__.pop(_PENDING, None) if model is not None else None
+    if pending:
+        raise incomplete_pairs_error(pending, model.config)
     return loaded
 
 
@@ -183,5 +225,13 @@ PATCHES = [
         params=("weights",),
         defect_present=('quant_method == "mxfp4"', "_load_weights_other"),
         summary="MXFP4 expert tensors dequantized to BF16 per rank slice as vLLM's BF16 GPT-OSS loader reads them",
+    ),
+    PatchSpec(
+        name="checkpoint_mxfp4.pairs_across_shards",
+        target_key="mxfp4_causal_lm_load_weights",
+        wrapper=_check_pairs_complete,
+        params=("weights",),
+        summary="an MXFP4 pair split by a shard boundary (lm_head.weight between its halves) loads; a half still "
+                "unpaired when the checkpoint ends stops the load, named",
     ),
 ]

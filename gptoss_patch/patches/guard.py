@@ -374,6 +374,9 @@ def _guard_init(wrapped, instance, args, kwargs):
 
     current_status = partial(status, drift=False)  # the states only: no fingerprinting in every worker
 
+    from gptoss_patch.registry import complete_deferred
+
+    complete_deferred()  # a target module another thread was still importing at activation has finished by now
     vllm_config = kwargs.get("vllm_config", args[0] if args else None)
     check_capabilities(current_status(), vllm_config)
     check_mxfp4_build(vllm_config, current_status())

@@ -22,3 +22,24 @@ def test_patch_lifecycle(order):
     assert rebinding, "every patched layout rebinds something (the MoE MLP entry and the graph update)"
     for name in rebinding:
         assert result["steps"]["activated"][name]["by_value"], name
+
+
+
+def test_activation_while_another_thread_imports_a_target_module_patches_it_when_that_import_finishes():
+    """Issue 32: two threads' first imports left the attention patches "failed: target not found". Thread A's import
+    of the attention module is held after importlib put it in ``sys.modules`` and before its body ran, while the
+    main thread activates (``gptoss_patch_testkit.concurrent_import``): wrapt runs the hook at once on the empty
+    module. Its patches wait (pending, deferred), and once A's import finishes they are applied without any further
+    import. With the hook of before the fix, the same interleaving leaves them failed."""
+    from gptoss_patch_testkit import concurrent_import
+
+    gated = matrix.LAYOUTS[ROW.layout]["attention_impl_init"].partition(":")[0]
+    res = concurrent_import.run(gated)
+    print(f"{gated}: {res}")
+    assert res["errors"] == [] and res["decision"] == "apply" and set(res["deferred"]) == {gated}, res
+    assert {"attention.keep_sinks", "attention.sink_window_forward"} <= set(res["states"]), res
+    assert set(res["while_held"].values()) == {"pending"}, res
+    assert all(state == "applied" for state, _ in res["states"].values()), res
+    old = concurrent_import.run(gated, old_hook=True)
+    assert old["errors"] == [] and old["deferred"] == [], old
+    assert all(state == "failed" and "target not found" in reason for state, reason in old["states"].values()), old

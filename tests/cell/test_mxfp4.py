@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from mxfp4_cases import test_mxfp4_pair_split_across_shards_with_lm_head_between_loads_as_the_single_file_does  # noqa: F401
+
 from gptoss_patch import matrix
 
 BUILD = """
@@ -62,7 +64,8 @@ def test_main_job_on_an_mxfp4_checkpoint_matches_transformers(layout, tmp_path):
         assert c["compared"] == 32 and c["matched"] == c["compared"], c
         assert c["max_logit_diff"] <= report["logit_tolerance"], c
     mx = report["status"]["details"]["checkpoint_mxfp4"]
-    assert sorted(mx) == ["checkpoint_mxfp4.dequantize_load", "checkpoint_mxfp4.unquantized_config"]
+    assert sorted(mx) == ["checkpoint_mxfp4.dequantize_load", "checkpoint_mxfp4.pairs_across_shards",
+                          "checkpoint_mxfp4.unquantized_config"]
     assert all(state.startswith("applied") for state in mx.values()), mx
     assert report["status"]["capabilities"]["checkpoint_mxfp4"]["state"] == matrix.PATCHED
     assert report["evidence"] == ["attention", "moe", "mxfp4"]  # the dequantizing loader and the patched paths ran
@@ -100,3 +103,4 @@ def test_every_rank_loads_what_vllms_bf16_loader_loads_from_transformers_dequant
     from gptoss_patch_testkit.mxfp4_case import check_every_rank
 
     check_every_rank()
+

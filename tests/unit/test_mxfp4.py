@@ -150,6 +150,27 @@ def test_stream_blocks_without_scales_names_the_tensor_and_expected_shape():
             f"(expected shape {list(want)} uint8)") in str(err.value)
 
 
+def test_stream_carries_a_half_pair_to_the_next_call_and_names_it_when_the_stream_ends():
+    """vLLM's AutoWeightsLoader calls GptOssModel.load_weights once per run of ``model.*`` names: a pair whose halves
+    sit in two shards with ``lm_head.weight`` between them comes in two calls. With a ``pending`` dict the blocks
+    wait for their scales across the calls; left unpaired, :func:`incomplete_pairs_error` names the missing tensor."""
+    blocks, scales, want = _stream_pairs()
+    pending = {}
+    first = list(patch.dequantized_stream([("model.layers.0.mlp.experts.w13_weight", blocks),
+                                           ("model.layers.0.mlp.experts.w13_bias", torch.ones(2, 192))],
+                                          _Cfg(), pending))
+    assert [n for n, _ in first] == ["model.layers.0.mlp.experts.w13_bias"] and len(pending) == 1
+    second = list(patch.dequantized_stream([("model.layers.0.mlp.experts.w13_weight_scale", scales)], _Cfg(),
+                                           pending))
+    assert [n for n, _ in second] == ["model.layers.0.mlp.experts.w13_weight"] and pending == {}
+    assert isinstance(second[0][1], mx.LazyMxfp4) and second[0][1].shape == (2, 64, 192)
+    # a half still waiting when the whole stream ended
+    list(patch.dequantized_stream([("model.layers.1.mlp.experts.w13_weight", blocks)], _Cfg(), pending))
+    assert str(patch.incomplete_pairs_error(pending, _Cfg())) == (
+        "MXFP4 GPT-OSS checkpoint incomplete, nothing was served: model.layers.1.mlp.experts.gate_up_proj_blocks has "
+        f"no model.layers.1.mlp.experts.gate_up_proj_scales (expected shape {list(want)} uint8)")
+
+
 def test_stream_wrong_scale_shape_names_the_tensor_and_expected_shape():
     blocks, scales, want = _stream_pairs()
     with pytest.raises(patch.Mxfp4CheckpointError) as err:

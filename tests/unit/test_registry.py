@@ -127,6 +127,60 @@ def test_an_importer_still_executing_is_left_to_its_own_hook(pkg):
     assert half.helper is target.helper and half.helper(1) == 12
 
 
+def test_a_target_module_another_thread_is_still_importing_is_patched_when_its_import_finishes(pkg):
+    """Issue 32: thread A is executing ``regpkg.target`` (in ``sys.modules``, ``Impl`` not yet defined) when thread
+    B registers the hooks; wrapt runs B's hook at once. The patch is deferred - pending, named "still being
+    imported" - not failed, and applied by the waiter once A's import finishes, without any further import. The
+    same hook outside :func:`registering` (wrapt's post-exec path) is not deferred; one without deferral (the old
+    behaviour, shown with ``on_import``) records "target not found" for good."""
+    import threading
+
+    import wrapt
+
+    from gptoss_patch.registry import registering
+
+    (pkg / "target.py").write_text("import regpkg.gate\nregpkg.gate.wait()\n" + TARGET_SRC)
+    (pkg / "gate.py").write_text("import threading\nentered, release = threading.Event(), threading.Event()\n"
+                                 "def wait():\n    entered.set()\n    assert release.wait(30)\n")
+    gate = importlib.import_module("regpkg.gate")
+    importer = threading.Thread(target=importlib.import_module, args=("regpkg.target",))
+    importer.start()
+    assert gate.entered.wait(30)
+    half = sys.modules["regpkg.target"]
+    assert not hasattr(half, "Impl")
+    old_way = Registry([INIT], LAYOUT)
+    old_way.on_import(half)
+    assert old_way.states["t.keep_extra"].state == FAILED and "target not found" in old_way.states["t.keep_extra"].reason
+
+    reg = Registry([INIT], LAYOUT)
+    with registering():
+        wrapt.register_post_import_hook(reg.hook, "regpkg.target")  # in sys.modules: runs at once
+    st = reg.states["t.keep_extra"]
+    assert st.state == PENDING and "regpkg.target was still being imported" in st.reason
+    assert reg.deferred_history == ["regpkg.target"]
+    gate.release.set()
+    importer.join(30)
+    reg._waiter.join(30)
+    assert st.state == APPLIED, st
+    target = sys.modules["regpkg.target"]
+    impl = target.Impl(num_heads=2, sliding_window=128, extra="sinks")
+    assert impl.extra == "sinks" and impl.dropped == {}
+    reg.remove_all()
+
+
+def test_a_hook_registered_before_the_import_applies_as_the_import_finishes(pkg):
+    """wrapt's post-exec path runs the hook while importlib still marks the module as initializing: the registry must
+    apply there and then (not defer it to a waiter thread), before the importer gets the module back."""
+    import wrapt
+
+    reg = Registry([INIT], LAYOUT)
+    wrapt.register_post_import_hook(reg.hook, "regpkg.target")
+    target = importlib.import_module("regpkg.target")
+    assert reg.states["t.keep_extra"].state == APPLIED and reg.deferred_history == [] and reg._waiter is None
+    assert target.Impl(num_heads=2, sliding_window=128, extra=1).extra == 1
+    reg.remove_all()
+
+
 def test_runtime_structural_check_fails_without_half_applying(pkg):
     target = importlib.import_module("regpkg.target")
     spec = PatchSpec("t.bad", "init", keep_extra, params=("num_heads", "block_size"))

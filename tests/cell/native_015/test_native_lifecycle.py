@@ -20,3 +20,25 @@ def test_native_patch_lifecycle(order):
         assert result["patches"] == ["guard.gpt_oss_model"]
     assert result["sources"] == ["lifecycle"] * 3  # nothing else activated (the .pth finder was taken out)
     lifecycle.assert_lifecycle(result, order)
+
+
+def test_activation_while_another_thread_imports_a_target_module_patches_it_when_that_import_finishes():
+    """As in the patched cells (tests/cell/test_lifecycle.py, issue 32): the row's attention module (layouts H and G)
+    or, on stand-down rows, vLLM's GPT-OSS model module (the guard's and the MXFP4 loader's target) is held mid-import
+    in another thread while gptoss-patch activates; its patches wait and are applied when that import finishes - with
+    the hook of before the fix they stay failed."""
+    from gptoss_patch.patches import guard
+    from gptoss_patch_testkit import concurrent_import
+
+    if ROW.layout:
+        gated = matrix.LAYOUTS[ROW.layout]["attention_impl_forward_impl"].partition(":")[0]
+    else:
+        gated = guard.TARGET_MODULE
+    res = concurrent_import.run(gated)
+    print(f"{gated}: {res}")
+    assert res["errors"] == [] and res["decision"] == ROW.verdict and set(res["deferred"]) == {gated}, res
+    assert res["states"] and set(res["while_held"].values()) == {"pending"}, res
+    assert all(state == "applied" for state, _ in res["states"].values()), res
+    old = concurrent_import.run(gated, old_hook=True)
+    assert old["errors"] == [] and old["deferred"] == [], old
+    assert all(state == "failed" and "target not found" in reason for state, reason in old["states"].values()), old

@@ -17,6 +17,8 @@ other calibration tests): activation through the installed ``.pth`` only, as in 
   ``Mxfp4Config(dequantize=True)`` runs), the engine core logging our dequantizing loader's first use. On 0.19.1rc1,
   whose own attention serves GPT-OSS with its documented 129-key band (test_native_serve.py), the tokens are those of
   the same transformers model with ``sliding_window: 129``.
+* A pair split across two shards with ``lm_head.weight`` between its halves loads as from one file
+  (``tests/cell/mxfp4_cases.py``, shared with the patched cells).
 """
 
 import json
@@ -25,6 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROW, run_python
+from mxfp4_cases import test_mxfp4_pair_split_across_shards_with_lm_head_between_loads_as_the_single_file_does  # noqa: F401
 
 from gptoss_patch import matrix
 from gptoss_patch_testkit.jobs import serve_job
