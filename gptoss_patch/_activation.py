@@ -97,7 +97,9 @@ def activate(source: str = "api", force: bool | None = None) -> Status:
                 hooks += _register_structured_outputs()
             if _state.versions.vllm_ascend is not None:
                 hooks += _arm_guard()  # also on stand-down: it refuses the row's refused capabilities at model build
-            evidence.activation(source, _state.decision)
+            evidence.activation(source, _state.decision,
+                                [name for reg in (_state.registry, _state.checkpoint, _state.structured, _state.guard)
+                                 if reg is not None for name, st in reg.states.items() if st.target != "-"])
     if not first:
         if _registering != threading.get_ident():  # the deciding call may still be registering its hooks
             _hooks_registered.wait()

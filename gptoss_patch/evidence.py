@@ -1,4 +1,5 @@
-"""Per-process evidence: one log line when a process activates, one when GPT-OSS first takes a patched path.
+"""Per-process evidence: one log line when a process activates (naming the patches it registered), one when it
+builds GPT-OSS (naming the patches in force), one when GPT-OSS first takes a patched path.
 
 "Installed" is not "effective": ``vllm serve`` starts an API server, an engine core and one worker per rank,
 each its own interpreter. An operator reading the server's output should see, for every one of them, that
@@ -36,20 +37,39 @@ def _role() -> str:
     return os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
 
 
-def activation(source: str, decision) -> None:
-    """Log that this process activated: pid, role, who called, decision, layout.
+def activation(source: str, decision, patches: list[str] | tuple[str, ...] = ()) -> None:
+    """Log that this process activated: pid, role, who called, decision, layout, the patches registered.
 
     Args:
         source: the caller recorded by :func:`gptoss_patch.activate` (``import-hook``, ``vllm-plugin``, ...).
         decision: the :class:`gptoss_patch.matrix.Decision`.
+        patches: the names of the patches registered (each applies when its module is imported; :func:`built`
+            names those in force when GPT-OSS is built).
 
     Never raises (start-up must not break on logging).
     """
     try:
         layout = decision.row.layout if decision.row is not None and decision.verdict == "apply" else None
         logging.getLogger(LOGGER_NAME).info(
-            "gptoss-patch: pid %d (%s) activated by %s: %s%s - %s", os.getpid(), _role(), source, decision.verdict,
-            f" (layout {layout})" if layout else "", decision.reason)
+            "gptoss-patch: pid %d (%s) activated by %s: %s%s - %s%s", os.getpid(), _role(), source, decision.verdict,
+            f" (layout {layout})" if layout else "", decision.reason,
+            f"; {len(patches)} patches registered: {', '.join(patches)}" if patches else "; no patches registered")
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def built(applied: list[str]) -> None:
+    """Log that this process built a GPT-OSS model, and the patches in force at that moment (the guard has just
+    checked them: every one the row needs is applied).
+
+    Args:
+        applied: the names of the applied patches (layout, checkpoint, structured-output and guard patches).
+
+    Never raises.
+    """
+    try:
+        logging.getLogger(LOGGER_NAME).info("gptoss-patch: pid %d (%s) built GPT-OSS with %d patches applied: %s",
+                                            os.getpid(), _role(), len(applied), ", ".join(applied) or "none")
     except Exception:  # noqa: BLE001
         pass
 

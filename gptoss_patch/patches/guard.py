@@ -369,13 +369,11 @@ def _guard_init(wrapped, instance, args, kwargs):
     """
     from functools import partial
 
-    from gptoss_patch import _state
+    from gptoss_patch import _state, evidence
     from gptoss_patch._state import status
+    from gptoss_patch.registry import APPLIED, complete_deferred
 
     current_status = partial(status, drift=False)  # the states only: no fingerprinting in every worker
-
-    from gptoss_patch.registry import complete_deferred
-
     complete_deferred()  # a target module another thread was still importing at activation has finished by now
     vllm_config = kwargs.get("vllm_config", args[0] if args else None)
     check_capabilities(current_status(), vllm_config)
@@ -393,6 +391,10 @@ def _guard_init(wrapped, instance, args, kwargs):
     status = current_status()
     check(status)
     check_runs(instance, status)
+    applied = [p.name for p in status.patches if p.state == APPLIED]
+    for cap in ("checkpoint_mxfp4", "checkpoint_bf16", "structured_outputs"):
+        applied += [name for name, state in (status.details.get(cap) or {}).items() if state.startswith(APPLIED)]
+    evidence.built(applied + (["guard.gpt_oss_model"] if status.details.get("guard", "").startswith(APPLIED) else []))
     if status.decision == "apply" and (status.capabilities or {}).get("attention", {}).get("state") == "patched":
         # the operator path our attention takes, fixed for the process now (layouts B-F did it when the first impl
         # kept its sinks; on H and G upstream keeps them): a torch_npu that cannot compute sinks fails at the build

@@ -37,4 +37,8 @@ def test_a_spawned_worker_logs_its_activation_through_vllms_logger(tmp_path, lay
              if f"gptoss-patch: pid {pid} (VllmWorker-0) activated by import-hook: {decision}" in line]
     assert len(lines) == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert f"(layout {layout})" in lines[0]
+    from gptoss_patch import matrix  # the line names every patch the worker registered: the layout's, the guard
+
+    registered = lines[0].split(" patches registered: ", 1)[1].split(", ")
+    assert {*matrix.LAYOUT_PATCHES[layout], "guard.gpt_oss_model"} <= set(registered), lines[0]
     assert "INFO" in lines[0]  # vLLM's own format: the line went through its handler, not Python's last resort

@@ -17,7 +17,9 @@ import os
 from pathlib import Path
 
 import pytest
+from conftest import ROW
 
+from gptoss_patch import matrix
 from gptoss_patch_testkit.jobs import serve_job
 
 WORKDIR = Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job"
@@ -42,6 +44,10 @@ def _checks(report: serve_job.ServeReport, mode: str, tensor_parallel_size: int 
     for pid in model_pids:
         used = {(u["capability"], u["path"]) for u in report.first_use if u["pid"] == pid}
         assert {("attention", "patched"), ("moe", "patched")} <= used, (pid, report.first_use)
+    # each process that ran the model said which patches were in force when it built GPT-OSS: the layout's, the guard
+    assert set(report.built) == model_pids, (report.built, model_pids)
+    for pid in model_pids:
+        assert {*matrix.LAYOUT_PATCHES[ROW.layout], "guard.gpt_oss_model"} <= set(report.built[pid]), report.built
     kind = CAPTURE_KIND[mode]
     if kind is None:
         assert not report.graph_captures, report.graph_captures

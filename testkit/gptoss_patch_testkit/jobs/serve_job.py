@@ -63,6 +63,7 @@ RANDOM_WEIGHTS_PROBLEMS = ("chat: empty message.content", "chat: the reasoning_c
 #: vLLM log lines the report is read from (vllm 0.11-0.19 wording).
 _ACTIVATED = re.compile(r"gptoss-patch: pid (\d+) \(([^)]*)\) activated by ([\w-]+): (\w[\w-]*)")
 _FIRST_USE = re.compile(r"gptoss-patch: pid (\d+) \(([^)]*)\) first GPT-OSS (\w+) forward on the (\w+) path")
+_BUILT = re.compile(r"gptoss-patch: pid (\d+) \(([^)]*)\) built GPT-OSS with \d+ patches applied: ([\w., ]+)")
 _GRAPHS = re.compile(r"NPU simulator: pid (\d+): (\d+) NPU graph (captures|replays)")
 _HCCL = re.compile(r"NPU simulator: pid (\d+): NPU graph \d+ holds (\d+) HCCL collective task")
 _KV = re.compile(r"GPU KV cache size: ([\d,]+) tokens")
@@ -105,6 +106,8 @@ class ServeReport:
     exchanges: list[Exchange] = field(default_factory=list)
     processes: list[dict] = field(default_factory=list)
     first_use: list[dict] = field(default_factory=list)
+    #: pid -> the patches in force when that process built GPT-OSS (the guard's evidence line)
+    built: dict[int, list[str]] = field(default_factory=dict)
     graph_captures: dict[str, int] = field(default_factory=dict)
     npu_graphs: dict[str, int] = field(default_factory=dict)  # simulator counts of one rank (replays: a lower bound)
     #: pid -> HCCL collective tasks held by the NPU graphs that process captured (tensor parallel > 1)
@@ -372,7 +375,8 @@ def _messages(effort_question: tuple[str, str]) -> list[dict]:
 
 
 def read_log(report: ServeReport, text: str) -> None:
-    """Fill the report's processes, first uses, graph captures and KV-cache size from the server's output."""
+    """Fill the report's processes, builds (patches in force), first uses, graph captures and KV-cache size from the
+    server's output."""
     seen = set()
     for m in _ACTIVATED.finditer(text):
         key = (m.group(1), m.group(2))
@@ -383,6 +387,8 @@ def read_log(report: ServeReport, text: str) -> None:
     for m in _FIRST_USE.finditer(text):
         report.first_use.append({"pid": int(m.group(1)), "process": m.group(2), "capability": m.group(3),
                                  "path": m.group(4)})
+    for m in _BUILT.finditer(text):
+        report.built[int(m.group(1))] = [] if m.group(3).strip() == "none" else m.group(3).strip().split(", ")
     for m in _CAPTURE.finditer(text):
         report.graph_captures[m.group(1)] = max(report.graph_captures.get(m.group(1), 0), int(m.group(2)))
     for m in _GRAPHS.finditer(text):
@@ -584,6 +590,8 @@ def print_report(r: ServeReport) -> None:
     print("  command: " + " ".join(r.command[2:]))
     for p in r.processes:
         print(f"  process {p['name']} (pid {p['pid']}): gptoss-patch activated by {p['by']}: {p['decision']}")
+    for pid, names in sorted(r.built.items()):
+        print(f"  GPT-OSS built in pid {pid} with {len(names)} patches applied: {', '.join(names)}")
     for u in r.first_use:
         print(f"  first GPT-OSS {u['capability']} forward on the {u['path']} path in {u['process']} (pid {u['pid']})")
     if r.graph_captures:
