@@ -41,6 +41,9 @@ def _checks(report: serve_job.ServeReport, mode: str, tensor_parallel_size: int 
     assert len(model_pids) == tensor_parallel_size, report.first_use
     if not forked:
         assert model_pids <= {p["pid"] for p in report.processes}, (model_pids, report.processes)
+    else:  # a forked worker inherits the parent's imported vllm_ascend: no import hook runs there, no activation line
+        # (a spawned one imports vllm_ascend afresh and logs its own - the non-forked runs above)
+        assert not model_pids & {p["pid"] for p in report.processes}, (model_pids, report.processes)
     for pid in model_pids:
         used = {(u["capability"], u["path"]) for u in report.first_use if u["pid"] == pid}
         assert {("attention", "patched"), ("moe", "patched")} <= used, (pid, report.first_use)

@@ -87,6 +87,11 @@ def test_vllm_serve_expert_parallel_2():
     _checks(report, "PIECEWISE", tensor_parallel_size=2)
     assert "Expert parallelism is enabled" in report.log_text  # vLLM's own line: EP really was on
     assert "expert-parallel weight range passed reversed" in report.log_text  # the patch did the loading
+    # the MoE communication each rank used, from the simulator's operator log: AllGather's dispatch
+    # (TokenDispatcherWithAllGather: npu_moe_init_routing_v2) on both ranks, neither MC2's nor All2All's operators
+    workers = {u["pid"] for u in report.first_use if "Worker" in u["process"]}
+    assert report.sim_ops.get("npu_moe_init_routing_v2") == workers, report.sim_ops
+    assert not {"npu_moe_distribute_dispatch_v2", "npu_moe_token_permute"} & set(report.sim_ops), report.sim_ops
 
 
 @pytest.mark.expensive(90)
