@@ -125,7 +125,9 @@ def moe_padding_facts(config: dict, tp: int) -> dict:
     vllm-ascend is a row whose layout carries ``nz_padding.pad_moe_intermediate`` (0.11 - 0.14, layouts B, C, E, F:
     :data:`gptoss_patch.matrix.LAYOUT_PATCHES`) and that release casts bf16 MoE weights to FRACTAL_NZ
     (:data:`gptoss_patch.matrix.NZ_RULES`, read with ``VLLM_ASCEND_ENABLE_NZ``) or ``GPTOSS_PATCH_MOE_PAD``
-    forces it (:mod:`gptoss_patch.patches.nz_padding`). A native release that NZ-casts an unaligned intermediate is
+    forces it (:mod:`gptoss_patch.patches.nz_padding`). The row is the one the runtime decides on
+    (:func:`gptoss_patch.pairing.judge`): an untested build run as the nearest tested row is answered "decided at
+    start-up" (the patch asks that build's own ``is_enable_nz``), not from its version string. A native release that NZ-casts an unaligned intermediate is
     named as such: nothing pads it there (docs/upstream.md for the per-release NZ rules). Needs no torch.
 
     Args:
@@ -141,7 +143,7 @@ def moe_padding_facts(config: dict, tp: int) -> dict:
         KeyError: a missing config key. ValueError: ``tp`` does not divide ``intermediate_size``; an unparsable
             ``VLLM_ASCEND_ENABLE_NZ`` or ``GPTOSS_PATCH_MOE_PAD`` (the message names the variable).
     """
-    from gptoss_patch import environment, matrix
+    from gptoss_patch import environment, matrix, pairing
     from gptoss_patch.kernels.padding import moe_rank_layout
     from gptoss_patch.matrix import nz_rule
     from gptoss_patch.patches.nz_padding import ALWAYS, NEVER, POLICY_ENV, pad_policy
@@ -153,10 +155,14 @@ def moe_padding_facts(config: dict, tp: int) -> dict:
     except ValueError:
         raise ValueError(f"VLLM_ASCEND_ENABLE_NZ={raw!r} is not an integer (vllm-ascend reads 0, 1 or 2)") from None
     policy = pad_policy()
+    # the runtime's own decision (pairing.judge, as activate() takes it): an untested build such as
+    # 0.11.0rc1.dev449+g... runs as the nearest tested apply row when structurally compatible - and pads there
+    _, decision = pairing.judge()
     va = environment.installed_versions().vllm_ascend
-    row = next((r for r in matrix.ROWS if r.vllm_ascend == va), None) if va else None
+    row = decision.row if decision.verdict == matrix.APPLY else None
     pads = row is not None and "nz_padding.pad_moe_intermediate" in matrix.LAYOUT_PATCHES.get(row.layout or "", ())
     rule = nz_rule(va) if va else None
+    untested = pads and row.vllm_ascend != va
     casts = rule is not None and rule.casts(env_nz, eagle=False)
     nz = f"VLLM_ASCEND_ENABLE_NZ={env_nz}"
     yes = False
@@ -176,6 +182,12 @@ def moe_padding_facts(config: dict, tp: int) -> dict:
     elif policy in (ALWAYS, NEVER):
         yes = policy == ALWAYS
         applies = ("yes" if yes else "no") + f" ({POLICY_ENV}={policy})"
+    elif untested:
+        near = nz_rule(row.vllm_ascend)
+        applies = (f"decided at start-up: vllm-ascend {va} is an untested build that gptoss-patch runs as "
+                   f"{row.vllm_ascend}; it pads to {lay.padded} if this build casts bf16 MoE weights to FRACTAL_NZ "
+                   f"(asked of the build's own is_enable_nz when the weights load, {nz}; on {row.vllm_ascend}: "
+                   f"{near.text if near else 'no recorded NZ rule'}). Set {POLICY_ENV}=always or never to fix it")
     elif rule is None:
         applies = f"unknown (vllm-ascend {va}: no recorded NZ rule)"
     elif casts:

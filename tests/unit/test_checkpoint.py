@@ -114,6 +114,33 @@ def test_real_geometry_at_tp8_reports_the_360_split(monkeypatch):
         monkeypatch.delenv(name)
 
 
+def test_padding_answer_for_an_untested_build_is_the_runtimes_decision(monkeypatch):
+    """Issue 32: for the seed's untested build ``0.11.0rc1.dev449+gc9b64052e`` (structurally compatible with 0.11.0,
+    so the runtime applies 0.11.0's layout and its padding patch) the report said "gptoss-patch does not pad on this
+    release", read from the version string. It now takes the runtime's decision (``pairing.judge``, here the real
+    ``matrix.decide`` with the structural check passing) and says the padding is decided at start-up from the
+    build's own NZ rule - and a forcing policy still decides outright."""
+    from gptoss_patch import environment, matrix, pairing
+    from gptoss_patch.tools.checkpoint import moe_padding_facts
+
+    build = "0.11.0rc1.dev449+gc9b64052e"
+    versions = environment.Versions(vllm="0.11.0", vllm_ascend=build, torch="2.7.1", torch_npu="2.7.1", cann="8.2",
+                                    python="3.11")
+    decision = matrix.decide(build, "0.11.0", structural_check=lambda row: [])
+    assert decision.verdict == matrix.APPLY and decision.row.vllm_ascend == "0.11.0"
+    monkeypatch.setattr(environment, "installed_versions", lambda: versions)
+    monkeypatch.setattr(pairing, "judge", lambda force=None: (versions, decision))
+    monkeypatch.delenv("GPTOSS_PATCH_MOE_PAD", raising=False)
+    config = {"intermediate_size": 2880, "hidden_size": 2880, "num_local_experts": 128}
+    facts = moe_padding_facts(config, 8)
+    assert facts["intermediate_padded_to"] is None
+    assert facts["intermediate_padding"].startswith(
+        f"decided at start-up: vllm-ascend {build} is an untested build that gptoss-patch runs as 0.11.0; it pads to "
+        "368 if this build casts bf16 MoE weights to FRACTAL_NZ"), facts
+    monkeypatch.setenv("GPTOSS_PATCH_MOE_PAD", "always")
+    assert moe_padding_facts(config, 8)["intermediate_padded_to"] == 368
+
+
 @pytest.mark.parametrize("tp, message", [
     (3, "tensor-parallel size 3 does not divide num_attention_heads 8"),
     (16, "tensor-parallel size 16 does not divide num_attention_heads 8"),
