@@ -126,6 +126,50 @@ def reference_tensors(hf: dict[str, Any], num_layers: int) -> dict[str, Any]:
     return out
 
 
+def write_original(checkpoint: str | Path) -> Path:
+    """Write ``original/`` into an MXFP4 GPT-OSS checkpoint directory in Hugging Face's layout, as the official
+    repositories ship it beside their Hugging Face files (``openai/gpt-oss-20b``/``-120b``: ``original/config.json``,
+    ``original/dtypes.json``, ``original/model.safetensors``): OpenAI's configuration (:data:`CONFIG_MAP`) and
+    tensor names (``gpt_oss/torch/weights.py``: ``block.{n}.mlp.mlp1_weight.blocks`` / ``.scales`` for the MXFP4
+    experts, the rest as :func:`reference_tensors` names them), the same values.
+
+    A loader that reads only the top-level ``*.safetensors`` (vLLM's, transformers') must ignore it; one that
+    globbed recursively would meet a second copy of every weight under other names. Returns the ``original/`` path.
+
+    Raises:
+        KeyError: a tensor is missing (its Hugging Face name); ValueError: the checkpoint is not MXFP4.
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    checkpoint = Path(checkpoint)
+    hf_config = json.loads((checkpoint / "config.json").read_text())
+    if (hf_config.get("quantization_config") or {}).get("quant_method") != "mxfp4":
+        raise ValueError(f"{checkpoint} is not an MXFP4 checkpoint (config.json quantization_config.quant_method)")
+    hf: dict[str, Any] = {}
+    for shard in sorted(checkpoint.glob("*.safetensors")):
+        hf.update(load_file(str(shard)))
+    layers = hf_config["num_hidden_layers"]
+    experts = {}
+    for n in range(layers):
+        m = f"model.layers.{n}.mlp.experts."
+        for ours, theirs in (("gate_up_proj", "mlp1_weight"), ("down_proj", "mlp2_weight")):
+            for part in ("blocks", "scales"):
+                experts[f"block.{n}.mlp.{theirs}.{part}"] = hf.pop(f"{m}{ours}_{part}")
+            # reference_tensors reads the BF16 matrices: zero-size stand-ins, dropped again below
+            hf[m + ours] = torch.empty(0, 0, 0)
+    out = {k: v.contiguous() for k, v in reference_tensors(hf, layers).items()
+           if not k.endswith(("mlp1_weight", "mlp2_weight"))}
+    out.update(experts)
+    original = checkpoint / "original"
+    original.mkdir(exist_ok=True)
+    save_file(out, str(original / "model.safetensors"))
+    (original / "config.json").write_text(json.dumps(_config(hf_config), indent=2) + "\n")
+    (original / "dtypes.json").write_text(json.dumps({k: str(v.dtype).removeprefix("torch.") for k, v in out.items()},
+                                                     indent=2) + "\n")
+    return original
+
+
 class OpenAIReference:
     """OpenAI's ``Transformer`` (float32, CPU) with the decoding interface of :mod:`gptoss_patch_testkit.ablations`.
 

@@ -2,7 +2,8 @@
 the main job through vLLM's GptOssForCausalLM and loader on patched vllm-ascend (simulated NPU) with the same greedy
 tokens as transformers' run of the same files (experts dequantized by transformers' ``convert_moe_packed_tensors``);
 without gptoss-patch vLLM rejects the checkpoint; a truncated shard stops the build before any weight loads, naming
-the tensor and its expected shape."""
+the tensor and its expected shape; ``vllm serve`` of the official layout (``original/`` included) answers with
+transformers' tokens; a pair split across shards loads (``mxfp4_cases.py``, shared with the native cells)."""
 
 import json
 import os
@@ -104,3 +105,23 @@ def test_every_rank_loads_what_vllms_bf16_loader_loads_from_transformers_dequant
 
     check_every_rank()
 
+
+
+@pytest.mark.expensive(40)
+def test_vllm_serve_official_mxfp4_checkpoint():
+    """The tiny model in the official MXFP4 layout, ``original/`` folder included (OpenAI's names and configuration
+    beside the Hugging Face files, as the official repositories ship it), through ``vllm serve`` - vLLM's real engine,
+    in every patched cell (issue 32: 0.12.0rc1 - 0.14.0rc1 had loaded it only through our runner): the server
+    dequantizes the experts while loading and answers with the tokens of transformers' run of the same checkpoint
+    (dequantized by transformers' own code); vLLM's loader and our checks read the top-level files only."""
+    from pathlib import Path
+
+    from test_serve import WORKDIR, _checks
+
+    from gptoss_patch_testkit.jobs import serve_job
+
+    report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=12, checkpoint_format="mxfp4")
+    checkpoint = Path(report.command[4])  # [python, -m, vllm.entrypoints.cli.main, serve, CHECKPOINT, ...]
+    assert {p.name for p in (checkpoint / "original").iterdir()} == {"config.json", "dtypes.json", "model.safetensors"}
+    _checks(report, "PIECEWISE")
+    assert any(u["capability"] == "mxfp4" for u in report.first_use), report.first_use  # our dequantizing loader ran

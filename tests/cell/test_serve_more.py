@@ -55,14 +55,6 @@ def test_unpatched_vllm_serve_answers_the_task_wrong():
     assert not any(r.tokens_equal for r in report.items)
 
 
-@pytest.mark.expensive(40)
-def test_vllm_serve_official_mxfp4_checkpoint():
-    """The tiny model in the official MXFP4 layout: the patched server dequantizes the experts while loading and
-    answers with the tokens of transformers' run of the same checkpoint (dequantized by transformers' own code)."""
-    report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=12, checkpoint_format="mxfp4")
-    _checks(report, "PIECEWISE")
-
-
 @pytest.mark.expensive(60)
 def test_vllm_serve_tensor_parallel_2_full_decode_only_fork():
     """TP 2, FULL_DECODE_ONLY (the decode graph is captured eagerly: ``torch.distributed.all_reduce`` on the ``hccl``

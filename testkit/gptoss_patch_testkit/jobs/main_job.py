@@ -171,7 +171,9 @@ def _writer_key() -> str:
     h = hashlib.sha256()
     from gptoss_patch.kernels import mxfp4
 
-    for mod in (tiny, tokenizer, mxfp4):
+    from gptoss_patch_testkit import openai_reference
+
+    for mod in (tiny, tokenizer, mxfp4, openai_reference):
         h.update(Path(mod.__file__).read_bytes())
     h.update(transformers.__version__.split(".")[0].encode())
     return h.hexdigest()[:10]
@@ -188,7 +190,8 @@ CHECKPOINTS = {"bf16": ("tiny", None), "mxfp4": ("tiny-mxfp4", "mxfp4"), "bf16-t
 def ensure_checkpoint(workdir: Path, seed: int = 0, checkpoint_format: str = "bf16") -> Path:
     """The tiny GPT-OSS checkpoint (a key of :data:`CHECKPOINTS`, with tokenizer files) of ``seed`` under
     ``workdir``, written on first use whole into a temporary directory and then renamed, keyed by
-    :func:`_writer_key`."""
+    :func:`_writer_key`. The MXFP4 one has the official repositories' ``original/`` folder too
+    (:func:`gptoss_patch_testkit.openai_reference.write_original`)."""
     from gptoss_patch.selftest.tiny import write_checkpoint
 
     preset, quantization = CHECKPOINTS[checkpoint_format]
@@ -201,6 +204,10 @@ def ensure_checkpoint(workdir: Path, seed: int = 0, checkpoint_format: str = "bf
 
         tmp = Path(tempfile.mkdtemp(prefix=".gpt-oss-tiny-", dir=workdir))
         write_checkpoint(tmp, preset=preset, seed=seed, tokenizer=True, quantization=quantization)
+        if quantization == "mxfp4":  # the official repositories ship OpenAI's own layout beside, in original/
+            from gptoss_patch_testkit.openai_reference import write_original
+
+            write_original(tmp)
         (tmp / ".complete").write_text("ok\n")
         shutil.rmtree(checkpoint, ignore_errors=True)
         os.replace(tmp, checkpoint)
