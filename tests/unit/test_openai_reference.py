@@ -71,3 +71,29 @@ def test_a_checkpoint_the_reference_would_compute_otherwise_is_named(tmp_path):
     for cfg, message in zip(wrong, messages):
         with pytest.raises(ValueError, match=message):
             openai_reference._config(cfg)
+
+
+def test_write_original_is_what_openais_own_loader_reads(tmp_path):
+    """The ``original/`` folder the MXFP4 test checkpoints carry (as the official repositories do;
+    ``openai_reference.write_original``) is read by OpenAI's own ``Transformer.from_checkpoint`` (its ``Checkpoint``
+    dequantizes the ``.blocks``/``.scales`` pairs): every parameter equals the Hugging Face files' tensor under the
+    reference's names, the experts as transformers' ``convert_moe_packed_tensors`` dequantizes them."""
+    import torch
+    from gpt_oss.torch.model import Transformer
+    from safetensors.torch import load_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    from gptoss_patch.selftest.tiny import write_checkpoint
+
+    ckpt = write_checkpoint(tmp_path / "mx", preset="tiny-mxfp4", seed=0, tokenizer=False, quantization="mxfp4")
+    original = openai_reference.write_original(ckpt)
+    model = Transformer.from_checkpoint(str(original), device="cpu")
+    hf = load_file(str(ckpt / "model.safetensors"))
+    for key in [k for k in hf if k.endswith("_blocks")]:
+        base = key[: -len("_blocks")]
+        hf[base] = convert_moe_packed_tensors(hf.pop(key), hf.pop(base + "_scales"))
+    want = openai_reference.reference_tensors(hf, json.loads((ckpt / "config.json").read_text())["num_hidden_layers"])
+    got = dict(model.named_parameters())
+    assert set(got) == set(want)
+    for name, param in got.items():
+        assert torch.equal(param.detach(), want[name].to(param.dtype)), name
