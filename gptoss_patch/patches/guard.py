@@ -286,6 +286,47 @@ def unpatched_in_use(model: Any, patches: Any) -> list[str]:
     return list(problems.values())
 
 
+def unpatched_functions(patches: Any, layout: str | None) -> list[str]:
+    """Module-level function targets of the applied patches (``module:function``, e.g. layout G's
+    ``moe_mlp:unquant_apply_mlp``) whose name does not resolve to our wrapper where it is called from: in the target's
+    own module (upstream calls it through the module global) and in every module that imported it by value (the
+    patch's ``rebind_keys``, read from :data:`gptoss_patch.matrix.LAYOUTS` of ``layout``) and is imported. Such a name
+    runs upstream's function although the patch reads *applied* (something re-bound it after us).
+
+    Args:
+        patches: ``status().patches``.
+        layout: ``status().layout`` (None: no by-value importers to look at).
+
+    Returns:
+        One line per (patch, module) found unpatched.
+    """
+    import sys
+
+    from gptoss_patch import matrix
+    from gptoss_patch.fingerprint import split_target
+    from gptoss_patch.patches import all_specs
+    from gptoss_patch.registry import APPLIED, MARKER
+
+    specs = all_specs()
+    keys = matrix.LAYOUTS.get(layout or "", {})
+    problems = []
+    for p in patches:
+        if p.state != APPLIED:
+            continue
+        module, qualname = split_target(p.target)
+        if "." in qualname:
+            continue  # Class.method: unpatched_in_use
+        spec = specs.get(p.name)
+        places = [module, *(keys.get(k) for k in (spec.rebind_keys if spec else ()))]
+        for name in filter(None, places):
+            mod = sys.modules.get(name)
+            obj = mod.__dict__.get(qualname) if mod is not None else None
+            if obj is not None and getattr(obj, MARKER, None) != p.name:
+                problems.append(f"{p.name}: {name}.{qualname} is {getattr(obj, '__module__', '?')}."
+                                f"{getattr(obj, '__qualname__', qualname)}, not the patched function")
+    return problems
+
+
 def p310_in_use(model: Any) -> list[str]:
     """Layers of ``model`` whose attention impl or MoE method comes from vllm-ascend's 310P package
     (``vllm_ascend._310p``: ``AscendAttentionBackendImpl310`` has its own ``forward_impl`` without sinks in every
@@ -303,11 +344,11 @@ def p310_in_use(model: Any) -> list[str]:
 
 
 def check_runs(model: Any, status: Any) -> None:
-    """Raise :class:`GptOssNotPatchedError` when :func:`unpatched_in_use` finds anything, or when the row refuses
-    the 310P and :func:`p310_in_use` finds its classes."""
+    """Raise :class:`GptOssNotPatchedError` when :func:`unpatched_in_use` or :func:`unpatched_functions` finds
+    anything, or when the row refuses the 310P and :func:`p310_in_use` finds its classes."""
     if _allowed_unpatched():
         return
-    problems = unpatched_in_use(model, status.patches)
+    problems = unpatched_in_use(model, status.patches) + unpatched_functions(status.patches, status.layout)
     if (getattr(status, "capabilities", {}) or {}).get("atlas_310p", {}).get("state") == "refused":
         problems += p310_in_use(model)
     if problems:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+from guard_cases import test_a_patched_function_rebound_to_upstreams_is_named  # noqa: F401
 from test_main_job import BUILD_MODEL, _env, _result
 
 #: What the 310P build of each vllm-ascend wheel ships in ``vllm_ascend/_build_info.py``: ``__soc_version__`` (0.11.x,

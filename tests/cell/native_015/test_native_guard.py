@@ -13,8 +13,12 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROW
 
 from gptoss_patch import matrix
+
+if ROW.layout == "G":  # the native rows whose patches include a function target (moe.activation_name)
+    from guard_cases import test_a_patched_function_rebound_to_upstreams_is_named  # noqa: F401
 
 #: Both tests read the one BUILD run of the module fixture: on one xdist worker, so it runs once.
 pytestmark = pytest.mark.xdist_group("native_guard")
