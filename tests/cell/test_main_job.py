@@ -194,3 +194,53 @@ def _env(**extra):
     env.pop("GPTOSS_PATCH_ALLOW_UNPATCHED", None)
     env.update(extra)
     return env
+
+
+def test_runner_rules_are_what_the_installed_model_runner_does(layout):
+    """Issue 32: the runner job's per-release rules (``runner.RUNNER_RULES``, restated from vllm-ascend's
+    ``NPUModelRunner``) checked against this cell's installed ``worker/model_runner_v1.py`` (read with :mod:`ast`, not
+    imported): where the attention mask comes from, which KV-cache spec decoder layers get, which FULL-graph update
+    the runner calls after a replay and with what, and whether it refreshes the rope's cos/sin per step. The served
+    main job (test_serve.py) runs the real runner; this keeps the runner job's restatement of it honest."""
+    import ast
+    import importlib.util
+    from pathlib import Path
+
+    from gptoss_patch_testkit.jobs.runner import RUNNER_RULES
+
+    rules = RUNNER_RULES[layout]
+    root = Path(importlib.util.find_spec("vllm_ascend").submodule_search_locations[0])
+    src = (root / "worker" / "model_runner_v1.py").read_text()
+    tree = ast.parse(src)
+    functions = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    metadata = next(n for n in ast.walk(ast.parse((root / "attention" / "utils.py").read_text()))
+                    if isinstance(n, ast.ClassDef) and n.name == "AscendCommonAttentionMetadata")
+    fields = {n.target.id for n in metadata.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+
+    # the mask: the runner's _make_attention_mask into AscendCommonAttentionMetadata.attn_mask, or the builder's own
+    if rules.mask == "builder":
+        assert "attn_mask" not in fields and "_make_attention_mask" not in functions, layout
+    else:
+        assert "attn_mask" in fields and "_make_attention_mask" in functions, layout
+        body = ast.get_source_segment(src, functions["_make_attention_mask"])
+        last = functions["_make_attention_mask"].body[-1]
+        per_state = "AscendAttentionState.PrefillNoCache" in body
+        always_splitfuse = isinstance(last, ast.Return) and "get_splitfuse_attn_mask()" in ast.unparse(last)
+        assert (per_state, always_splitfuse) == ((True, False) if rules.mask == "per-state" else (False, True)), body
+
+    # the KV-cache spec: FullAttentionSpec for every decoder layer, or the layer's own get_kv_cache_spec
+    spec = ast.get_source_segment(src, functions["get_kv_cache_spec"])
+    assert ("attn_module.get_kv_cache_spec(" in spec) == (rules.kv_spec == "layer"), spec
+
+    # the FULL-graph update after a replay, and its arguments
+    name = rules.graph_update.split("+")[0]
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == name]
+    assert calls, f"{name} is not called by the installed model runner"
+    other = "update_full_graph_params" if name == "update_attn_params" else "update_attn_params"
+    assert f"{other}(" not in src, other
+    if name == "update_attn_params":
+        with_config = {any(ast.unparse(a) == "self.vllm_config" for a in c.args) for c in calls}
+        assert with_config == {rules.graph_update.endswith("+config")}, [ast.unparse(c) for c in calls]
+
+    # the rope's cos/sin refreshed per step
+    assert ("update_cos_sin(" in src) == rules.update_cos_sin
