@@ -135,9 +135,11 @@ VLLM_019_IMPORT_DEPS = _repin(_NATIVE_COMMON, "mistral_common>=1.10.0", "openai>
 _NATIVE_SUITE = {"tests": ["tests/cell/native_015"]}
 
 #: The suite of a patched release (tests/cell without the calibration suite). tests/cell/test_serve_more.py (more
-#: `vllm serve` starts: unpatched, MXFP4; the same code on every layout) runs in the 0.11.0 cell only.
+#: `vllm serve` starts: Ray, EP, fork, A3; the same code on every layout) and tests/cell/test_scripts.py (every
+#: benchmark under scripts/ at its smallest size) run in the 0.11.0 cell only.
 _PATCHED_SUITE_011 = {"tests": ["tests/cell", "--ignore=tests/cell/native_015"]}
-_PATCHED_SUITE = {"tests": ["tests/cell", "--ignore=tests/cell/native_015", "--ignore=tests/cell/test_serve_more.py"]}
+_PATCHED_SUITE = {"tests": ["tests/cell", "--ignore=tests/cell/native_015", "--ignore=tests/cell/test_serve_more.py",
+                            "--ignore=tests/cell/test_scripts.py"]}
 
 #: xgrammar for vllm-ascend 0.14.0rc1 - 0.17.0rc1: their vLLM pins 0.1.29, vllm-ascend requires >= 0.1.30 (PR #6151:
 #: 0.1.29's CPU kernel takes no tensor of indices, and vllm-ascend applies the grammar on the host); installed after
