@@ -40,6 +40,8 @@ def test_activation_while_another_thread_imports_a_target_module_patches_it_when
     assert {"attention.keep_sinks", "attention.sink_window_forward"} <= set(res["states"]), res
     assert set(res["while_held"].values()) == {"pending"}, res
     assert all(state == "applied" for state, _ in res["states"].values()), res
+    if ROW.layout != "B":  # the negative control once per suite (an interpreter start each): layout B
+        return
     old = concurrent_import.run(gated, old_hook=True)
     assert old["errors"] == [] and old["deferred"] == [], old
     assert all(state == "failed" and "target not found" in reason for state, reason in old["states"].values()), old
