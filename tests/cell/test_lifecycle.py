@@ -37,7 +37,9 @@ def test_activation_while_another_thread_imports_a_target_module_patches_it_when
     res = concurrent_import.run(gated)
     print(f"{gated}: {res}")
     assert res["errors"] == [] and res["decision"] == "apply" and set(res["deferred"]) == {gated}, res
-    assert {"attention.keep_sinks", "attention.sink_window_forward"} <= set(res["states"]), res
+    # keep_sinks and the layout's forward patch (attention.sink_window_forward, _impl from layout C)
+    assert "attention.keep_sinks" in res["states"], res
+    assert any(n.startswith("attention.sink_window_forward") for n in res["states"]), res
     assert set(res["while_held"].values()) == {"pending"}, res
     assert all(state == "applied" for state, _ in res["states"].values()), res
     if ROW.layout != "B":  # the negative control once per suite (an interpreter start each): layout B
