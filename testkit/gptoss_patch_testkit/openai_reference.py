@@ -134,7 +134,9 @@ def write_original(checkpoint: str | Path) -> Path:
     experts, the rest as :func:`reference_tensors` names them), the same values.
 
     A loader that reads only the top-level ``*.safetensors`` (vLLM's, transformers') must ignore it; one that
-    globbed recursively would meet a second copy of every weight under other names. Returns the ``original/`` path.
+    globbed recursively would meet a second copy of every weight under other names. ``original/config.json`` is
+    written where :func:`_config` maps the Hugging Face configuration (transformers 4.x files; not the
+    ``rope_parameters`` that transformers 5 writes). Returns the ``original/`` path.
 
     Raises:
         KeyError: a tensor is missing (its Hugging Face name); ValueError: the checkpoint is not MXFP4.
@@ -164,7 +166,10 @@ def write_original(checkpoint: str | Path) -> Path:
     original = checkpoint / "original"
     original.mkdir(exist_ok=True)
     save_file(out, str(original / "model.safetensors"))
-    (original / "config.json").write_text(json.dumps(_config(hf_config), indent=2) + "\n")
+    try:  # transformers 5 writes rope_parameters, whose fields the reference's configuration is not mapped from
+        (original / "config.json").write_text(json.dumps(_config(hf_config), indent=2) + "\n")
+    except ValueError:
+        pass  # the tensors still stand beside the Hugging Face files, which is what a loader must ignore
     (original / "dtypes.json").write_text(json.dumps({k: str(v.dtype).removeprefix("torch.") for k, v in out.items()},
                                                      indent=2) + "\n")
     return original
