@@ -85,3 +85,12 @@ def run(gated: str, old_hook: bool = False, timeout: float = 900) -> dict:
     if line is None:
         raise AssertionError(f"no result (rc {proc.returncode}): {proc.stderr[-3000:]}")
     return json.loads(line[len("CONCURRENT-RESULT "):])
+
+
+def check_old_hook_fails(gated: str) -> dict:
+    """The negative control: with the hook of before the fix (``old_hook``), the same interleaving leaves every patch
+    of ``gated`` "failed: target not found" and defers nothing. Raises AssertionError otherwise; returns the result."""
+    old = run(gated, old_hook=True)
+    assert old["errors"] == [] and old["deferred"] == [] and old["states"], old
+    assert all(state == "failed" and "target not found" in reason for state, reason in old["states"].values()), old
+    return old
