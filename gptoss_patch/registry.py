@@ -326,7 +326,7 @@ class Registry:
                 if st.state == PENDING and st.target.startswith(name + ":"):
                     st.reason = (f"waiting: {name} was still being imported when the hook fired; applied when that "
                                  "import finishes")
-            start = self._waiter is None or not self._waiter.is_alive()
+            start = self._waiter is None  # cleared by the waiter, under this lock, when it stops
             if start:
                 self._waiter = threading.Thread(target=self._wait_deferred, name="gptoss-patch-deferred",
                                                 daemon=True)
@@ -341,11 +341,12 @@ class Registry:
         import time
 
         deadline = time.monotonic() + DEFERRED_WAIT_S
-        while time.monotonic() < deadline:
+        while True:
             with self._lock:
                 names = set(self._deferred)
-            if not names:
-                return
+                if not names or time.monotonic() >= deadline:
+                    self._waiter = None  # a module deferred from now on starts a new waiter
+                    return
             if any(m is None or not still_importing(m) for m in map(sys.modules.get, names)):
                 self.complete_deferred()
                 continue

@@ -158,10 +158,11 @@ def test_a_target_module_another_thread_is_still_importing_is_patched_when_its_i
     st = reg.states["t.keep_extra"]
     assert st.state == PENDING and "regpkg.target was still being imported" in st.reason
     assert reg.deferred_history == ["regpkg.target"]
+    waiter = reg._waiter
     gate.release.set()
     importer.join(30)
-    reg._waiter.join(30)
-    assert st.state == APPLIED, st
+    waiter.join(30)
+    assert st.state == APPLIED and reg._waiter is None, st
     target = sys.modules["regpkg.target"]
     impl = target.Impl(num_heads=2, sliding_window=128, extra="sinks")
     assert impl.extra == "sinks" and impl.dropped == {}
