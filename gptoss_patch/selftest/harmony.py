@@ -328,6 +328,15 @@ def eval_items(n: int, seed: int = 0, kinds: tuple[str, ...] = ("recall", "json"
     return [it for it in items if it["meta"]["kind"] in kinds]
 
 
+def local_task_rows(n: int = 12, seed: int = 0) -> list[dict]:
+    """The ``recall`` and ``json`` items among :func:`eval_items` ``(n, seed)`` as rows of the accuracy runner's local
+    task (:func:`gptoss_patch.tools.eval_accuracy.load_local`): ``{"question": the user message, "answer": the
+    expected final message}`` - answered right exactly when :func:`judge` says so (the ``json`` answer as the model
+    was trained to write it). ``tests/data/harmony/test.jsonl`` holds ``local_task_rows()``."""
+    return [{"question": it["meta"]["user"], "answer": it["meta"]["final"]}
+            for it in eval_items(n, seed, kinds=("recall", "json"))]
+
+
 def prompt_ids(item: dict) -> list[int]:
     """The item's first prompt: token ids up to and with ``<|start|>assistant`` (what a completion continues)."""
     return item["tokens"][:item["meta"]["p1"]]

@@ -1,7 +1,7 @@
-"""Accuracy runner: MMLU and GSM8K subsets from local files, scored by lm-evaluation-harness against a server.
+"""Accuracy runner: MMLU, GSM8K and local-task subsets from local files, scored by lm-evaluation-harness against a server.
 
     gptoss-patch-eval --server http://HOST:8000 --model NAME \\
-        --mmlu DIR_OR_FILE --gsm8k FILE [--limit N] [--max-tokens 4096] [--dry-run]
+        --mmlu DIR_OR_FILE --gsm8k FILE [--local FILE] [--limit N] [--max-tokens 4096] [--dry-run]
 
 The scoring is lm-eval's (``lm-eval run`` with its ``exact_match`` metric, its ``regex`` / ``take_first``
 filters and its ``local-chat-completions`` client, concurrency, retries and timeouts); this module only
@@ -15,6 +15,10 @@ filters and its ``local-chat-completions`` client, concurrency, retries and time
     or ``.parquet``;
   - GSM8K: ``test.jsonl`` of openai/grade-school-math (``question``, ``answer`` ending in ``#### <number>``),
     or the ``openai/gsm8k`` rows as ``.parquet``;
+  - a local task: ``.jsonl`` rows ``{"question": str, "answer": str}`` (GSM8K's fields), the question sent as the
+    user message as it is, the answer the exact expected ``message.content`` - e.g. ``tests/data/harmony/test.jsonl``,
+    the held-out items of the trained tiny GPT-OSS (:mod:`gptoss_patch.selftest.harmony`), a check that a server
+    answers a model's own task before MMLU;
 
 * writes two lm-eval task configurations for a reasoning chat model, zero-shot at temperature 0 (the
   setting of the published GPT-OSS figures): ``gptoss_mmlu`` with the prompt and answer pattern of OpenAI's
@@ -52,7 +56,7 @@ from pathlib import Path
 
 __all__ = [
     "MMLU_TEMPLATE", "MMLU_ANSWER_PATTERN", "GSM8K_TEMPLATE", "REFERENCE_FIGURES", "load_mmlu", "load_gsm8k",
-    "prepare", "lm_eval_command", "answer_from_choice", "register_lm_eval_model", "read_results", "main",
+    "load_local", "prepare", "lm_eval_command", "answer_from_choice", "register_lm_eval_model", "read_results", "main",
 ]
 
 #: openai/simple-evals ``common.py`` QUERY_TEMPLATE_MULTICHOICE, in lm-eval's jinja form.
@@ -187,16 +191,35 @@ def load_gsm8k(path) -> list[dict]:
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     raw = _read_jsonl(path) if path.suffix == ".jsonl" else _read_parquet(path)
+    return _question_answer_rows(path, raw, lambda q, a: bool(_GSM8K_FINAL.search(a)), "GSM8K ",
+                                 "'question' and an 'answer' ending in '#### <number>' (GSM8K release format)")
+
+
+def _question_answer_rows(path: Path, raw: list[dict], valid, kind: str, expected: str) -> list[dict]:
+    """``raw`` rows as ``{"question", "answer"}`` dicts; :class:`DataError` naming the row where the two are not
+    strings or ``valid(question, answer)`` is false, or when there is no row."""
     rows = []
     for i, row in enumerate(raw, 1):
         question, answer = row.get("question"), row.get("answer")
-        if not isinstance(question, str) or not isinstance(answer, str) or not _GSM8K_FINAL.search(answer):
-            raise DataError(f"{path}: row {i}: expected 'question' and an 'answer' ending in '#### <number>' "
-                            f"(GSM8K release format), got {row!r:.200}")
+        if not (isinstance(question, str) and isinstance(answer, str) and valid(question, answer)):
+            raise DataError(f"{path}: row {i}: expected {expected}, got {row!r:.200}")
         rows.append({"question": question, "answer": answer})
     if not rows:
-        raise DataError(f"{path}: no GSM8K rows")
+        raise DataError(f"{path}: no {kind}rows")
     return rows
+
+
+def load_local(path) -> list[dict]:
+    """Rows of a local exact-answer task from the ``.jsonl`` file ``path``: ``{"question": str, "answer": str}`` each
+    (both non-empty), in file order. Raises :class:`DataError` for another suffix, a missing file, no rows or a row
+    without the two strings (the message names the row)."""
+    path = Path(path)
+    if path.suffix != ".jsonl":
+        raise DataError(f"{path}: expected a .jsonl file of {{\"question\": str, \"answer\": str}} rows")
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    return _question_answer_rows(path, _read_jsonl(path), lambda q, a: bool(q.strip() and a.strip()), "",
+                                 "a non-empty 'question' and 'answer' (strings)")
 
 
 def _task_config(name: str, data_file: Path, max_tokens: int) -> dict:
@@ -221,6 +244,13 @@ def _task_config(name: str, data_file: Path, max_tokens: int) -> dict:
             "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True,
                              "ignore_case": True}],
         })
+    elif name == "gptoss_local":  # the question as it is; the answer is the whole content, exactly
+        common.update({
+            "doc_to_text": "{{question}}",
+            "doc_to_target": "{{answer}}",
+            "target_delimiter": "",
+            "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
+        })
     else:  # gptoss_gsm8k: lm-eval's gsm8k_cot_llama prompt, filters and metric, zero-shot
         common.update({
             "doc_to_text": GSM8K_TEMPLATE,
@@ -242,23 +272,25 @@ def _task_config(name: str, data_file: Path, max_tokens: int) -> dict:
     return common
 
 
-def prepare(workdir, *, mmlu=None, gsm8k=None, max_tokens: int = 4096) -> dict[str, int]:
+def prepare(workdir, *, mmlu=None, gsm8k=None, local=None, max_tokens: int = 4096) -> dict[str, int]:
     """Write the converted data (``workdir/data/<task>.jsonl``) and lm-eval task files
     (``workdir/tasks/<task>.yaml``) for the given datasets; returns ``{task name: row count}``.
 
-    Task names: ``gptoss_mmlu`` (from ``mmlu``, see :func:`load_mmlu`) and ``gptoss_gsm8k`` (from ``gsm8k``, see
-    :func:`load_gsm8k`). The YAML files are written as JSON (a YAML subset). Raises :class:`DataError` for bad
-    data, ``ValueError`` when neither dataset is given or ``max_tokens`` < 1.
+    Task names: ``gptoss_mmlu`` (from ``mmlu``, see :func:`load_mmlu`), ``gptoss_gsm8k`` (from ``gsm8k``, see
+    :func:`load_gsm8k`) and ``gptoss_local`` (from ``local``, see :func:`load_local`). The YAML files are written as
+    JSON (a YAML subset). Raises :class:`DataError` for bad data, ``ValueError`` when no dataset is given or
+    ``max_tokens`` < 1.
     """
-    if mmlu is None and gsm8k is None:
-        raise ValueError("give at least one dataset: --mmlu and/or --gsm8k")
+    if mmlu is None and gsm8k is None and local is None:
+        raise ValueError("give at least one dataset: --mmlu, --gsm8k and/or --local")
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     workdir = Path(workdir).resolve()
     (workdir / "data").mkdir(parents=True, exist_ok=True)
     (workdir / "tasks").mkdir(parents=True, exist_ok=True)
     counts = {}
-    for name, source, loader in (("gptoss_mmlu", mmlu, load_mmlu), ("gptoss_gsm8k", gsm8k, load_gsm8k)):
+    for name, source, loader in (("gptoss_mmlu", mmlu, load_mmlu), ("gptoss_gsm8k", gsm8k, load_gsm8k),
+                                 ("gptoss_local", local, load_local)):
         if source is None:
             continue
         rows = loader(source)
@@ -442,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", required=True, help="served model name (--served-model-name)")
     ap.add_argument("--mmlu", help="MMLU data: dir of *_test.csv (release layout), or cais/mmlu .jsonl/.parquet")
     ap.add_argument("--gsm8k", help="GSM8K data: test.jsonl (release format) or openai/gsm8k .parquet")
+    ap.add_argument("--local", help="a local exact-answer task: .jsonl of {\"question\", \"answer\"} rows (e.g. "
+                                    "tests/data/harmony/test.jsonl for the trained tiny GPT-OSS)")
     ap.add_argument("--limit", type=at_least(1), help="evaluate only the first N rows of each task (a subset)")
     ap.add_argument("--max-tokens", type=at_least(1), default=4096, help="max_tokens per answer, reasoning included")
     ap.add_argument("--reasoning-effort", choices=["low", "medium", "high"],
@@ -462,9 +496,11 @@ def main(argv: list[str] | None = None) -> int:
             import tempfile
 
             with tempfile.TemporaryDirectory(prefix="gptoss-eval-dry-") as scratch:
-                counts = prepare(scratch, mmlu=args.mmlu, gsm8k=args.gsm8k, max_tokens=args.max_tokens)
+                counts = prepare(scratch, mmlu=args.mmlu, gsm8k=args.gsm8k, local=args.local,
+                                 max_tokens=args.max_tokens)
         else:
-            counts = prepare(args.workdir, mmlu=args.mmlu, gsm8k=args.gsm8k, max_tokens=args.max_tokens)
+            counts = prepare(args.workdir, mmlu=args.mmlu, gsm8k=args.gsm8k, local=args.local,
+                             max_tokens=args.max_tokens)
         cmd = lm_eval_command(server=args.server, model=args.model, workdir=args.workdir, tasks=list(counts),
                               limit=args.limit, concurrency=args.concurrency, timeout=args.timeout,
                               max_retries=args.max_retries, reasoning_effort=args.reasoning_effort)

@@ -10,7 +10,8 @@ At tensor parallel 2 (vLLM's multiprocessing executor, one worker process per ra
 serve`` does) the model is the one whose every rank holds gpt-oss-120b's per-rank shapes at TP 8: 8 query heads, 1 KV
 head, MoE intermediate 360; the all-reduces run over the simulated ``hccl`` groups and are captured into the graphs.
 The expert ``down_proj`` bias is shown added exactly once across the ranks: transformers with the bias doubled (added
-on both ranks) or zeroed (never added) is far from the served log-probabilities (``serve_job.logprob_diff_under``).
+on both ranks) or zeroed (never added) is far from the served log-probabilities (``serve_job.logprob_diff_under``);
+the double add itself, served, is tests/cell/test_serve_more.py's.
 """
 
 import os
@@ -72,6 +73,14 @@ def _checks(report: serve_job.ServeReport, mode: str, tensor_parallel_size: int 
     assert report.ok
 
 
+def scale_down_bias(factor: float):
+    """An edit for :func:`serve_job.logprob_diff_under`: every layer's expert ``down_proj`` bias times ``factor``."""
+    def edit(model):
+        for layer in model.model.layers:
+            layer.mlp.experts.down_proj_bias.mul_(factor)
+    return edit
+
+
 @pytest.mark.expensive(50)
 @pytest.mark.parametrize("mode", serve_job.MODES)
 def test_vllm_serve_answers_with_transformers_tokens(mode):
@@ -98,14 +107,8 @@ def test_vllm_serve_tensor_parallel_2_piecewise():
     # both ranks the sum would carry it twice, not added (vllm-ascend 0.11-0.14 unpatched) not at all. Both faults'
     # log-probabilities - transformers with the bias doubled / zeroed, teacher-forced on the served tokens - are far
     # from what the server answered, which is within LOGPROB_TOLERANCE of the reference (checked above).
+    # The double add run for real (fault in the served loader): tests/cell/test_serve_more.py.
     checkpoint = Path(report.command[4])  # [python, -m, vllm.entrypoints.cli.main, serve, CHECKPOINT, ...]
-
-    def scale_down_bias(factor):
-        def edit(model):
-            for layer in model.model.layers:
-                layer.mlp.experts.down_proj_bias.mul_(factor)
-        return edit
-
     doubled = serve_job.logprob_diff_under(checkpoint, report.exchanges, scale_down_bias(2.0))
     dropped = serve_job.logprob_diff_under(checkpoint, report.exchanges, scale_down_bias(0.0))
     served = max(e.max_logprob_diff for e in report.exchanges)

@@ -1,20 +1,24 @@
 """More ``vllm serve`` runs, in the 0.11.0 cell only (noxfile.py ``CELLS``: one server start costs about a minute of
-CI; these exercise code that is the same on every patched layout - the guard, the MXFP4 loading patches - which the
-other cells' tests cover without a server):
+CI; these exercise code that is the same on every patched layout - the guard, the loader, the executors - which the
+other cells' tests cover without a server; the served MXFP4 layout is tests/cell/test_mxfp4.py's, in every cell):
 
 * the unpatched server (``GPTOSS_PATCH_DISABLE=1``) is stopped at start-up by the guard;
 * let through anyway (``GPTOSS_PATCH_ALLOW_UNPATCHED=1``) it answers the trained harmony model's task wrong where
   transformers answers it right: what the patches are for;
-* the tiny model in the official MXFP4 layout is dequantized while loading and answers with transformers' tokens;
+* the expert ``down_proj`` bias kept on both tensor-parallel ranks (a test fault in the served loader) answers far
+  from the reference, exactly as transformers with the bias doubled;
 * tensor parallel 2 with FULL_DECODE_ONLY graphs and workers started by ``fork`` (the other start method), and
   through vLLM's Ray executor (a local Ray head);
 * expert parallel 2, which vLLM 0.11.0 loads only through ``checkpoint_bf16.ep_expert_range`` (and not at all without it),
   on the simulated Atlas A2 (AllGather) and Atlas A3 (MC2 for decode, All2All for prefill).
 """
 
-import pytest
-from test_serve import WORKDIR, _checks
+from pathlib import Path
 
+import pytest
+from test_serve import WORKDIR, _checks, scale_down_bias
+
+from gptoss_patch_testkit import faults
 from gptoss_patch_testkit.jobs import api_job, serve_job
 
 
@@ -53,6 +57,28 @@ def test_unpatched_vllm_serve_answers_the_task_wrong():
     assert report.accuracy("server") <= 0.25 and report.accuracy("chat") <= 0.25, (report.accuracy("server"),
                                                                                     report.accuracy("chat"))
     assert not any(r.tokens_equal for r in report.items)
+
+
+@pytest.mark.expensive(60)
+def test_down_proj_bias_added_on_both_ranks_answers_wrong():
+    """The double add, run for real: vLLM's loader keeps the expert ``down_proj`` bias whole on both tensor-parallel
+    ranks (fault ``down_proj_bias_every_rank``: upstream's rank-0 rule removed, :mod:`gptoss_patch_testkit.faults`), so
+    each rank's grouped matmul adds it and the MoE all-reduce sums it twice. The served log-probabilities leave the
+    reference by far more than ``LOGPROB_TOLERANCE`` - the check tests/cell/test_serve.py's TP 2 run passes - and are
+    those of transformers with the bias doubled: the check fails for the reason it is named after."""
+    report = serve_job.run(WORKDIR, mode="eager", max_tokens=12, checkpoint_format="bf16-tp2",
+                           tensor_parallel_size=2, extra_env=faults.env("down_proj_bias_every_rank"),
+                           verify_server=False)
+    assert report.started, report.log_tail
+    ran = sorted(line[line.index(" on TP rank"):] for line in report.log_text.splitlines() if faults.LINE in line)
+    assert ran == [f" on TP rank {r}: 4 w2_bias tensors kept whole" for r in (0, 1)], ran  # 4 layers, both ranks
+    assert len(report.exchanges) == 6 and all(e.generated for e in report.exchanges), report.exchanges
+    served = max(e.max_logprob_diff for e in report.exchanges)
+    doubled = serve_job.logprob_diff_under(Path(report.command[4]), report.exchanges, scale_down_bias(2.0))
+    print(f"bias on both ranks, served: max |logprob - reference| {served:.2e}, - transformers with the bias doubled "
+          f"{doubled:.1e}")
+    assert served > 10 * serve_job.LOGPROB_TOLERANCE, served
+    assert doubled <= serve_job.LOGPROB_TOLERANCE, doubled
 
 
 @pytest.mark.expensive(60)

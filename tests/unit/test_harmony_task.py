@@ -101,3 +101,17 @@ def test_judge_accepts_the_reference_answer(items):
                                  final_after_tool=m["final"]) == (True, "")
         else:
             assert harmony.judge(it, final=m["final"]) == (True, "")
+
+
+def test_the_local_task_file_holds_the_held_out_items():
+    """tests/data/harmony/test.jsonl - the accuracy runner's local task - is :func:`harmony.local_task_rows`: the
+    recall and json items the API tests ask, each answer the final message :func:`harmony.judge` accepts."""
+    from pathlib import Path
+
+    from gptoss_patch.tools.eval_accuracy import load_local
+
+    rows = load_local(Path(__file__).resolve().parents[1] / "data" / "harmony" / "test.jsonl")
+    assert rows == harmony.local_task_rows() and len(rows) == 8
+    items = harmony.eval_items(12, kinds=("recall", "json"))
+    assert all(harmony.judge(it, final=row["answer"])[0] for it, row in zip(items, rows))
+    assert not any(harmony.judge(it, final=row["answer"])[0] for it, row in zip(items, rows[1:] + rows[:1]))

@@ -34,12 +34,14 @@ import pytest
 
 from conftest import ROOT, clean_env
 from gptoss_patch.tools import bench_serving, eval_accuracy
-from gptoss_patch.tools.eval_accuracy import DataError, answer_from_choice, load_gsm8k, load_mmlu, prepare
+from gptoss_patch.tools.eval_accuracy import (DataError, answer_from_choice, load_gsm8k, load_local, load_mmlu,
+                                              prepare)
 from test_server_probe import SEED_VLLM_CHAT, _free_port
 
 DATA = ROOT / "tests" / "data"
 MMLU_DIR = DATA / "mmlu"
 GSM8K = DATA / "gsm8k" / "test.jsonl"
+LOCAL = DATA / "harmony" / "test.jsonl"
 MODEL = "tiny-gptoss"
 
 
@@ -62,6 +64,22 @@ def test_load_mmlu_release_layout_round_robin_across_subjects():
                        "answer": "ABCD".index(cells[5])}
     assert load_mmlu(MMLU_DIR / "test" / "abstract_algebra_test.csv") == [r for r in rows
                                                                           if r["subject"] == "abstract_algebra"]
+
+
+def test_load_local_task_rows_and_its_errors(tmp_path):
+    rows = load_local(LOCAL)
+    assert rows and all(set(r) == {"question", "answer"} for r in rows)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"question": "q", "answer": ""}) + "\n")
+    with pytest.raises(DataError, match=r"bad.jsonl: row 1: expected a non-empty 'question' and 'answer'"):
+        load_local(bad)
+    with pytest.raises(DataError, match=r"expected a .jsonl file"):
+        load_local(tmp_path / "rows.csv")
+    work = tmp_path / "work"
+    assert prepare(work, local=LOCAL, max_tokens=96) == {"gptoss_local": len(rows)}
+    task = json.loads((work / "tasks" / "gptoss_local.yaml").read_text())
+    assert task["doc_to_text"] == "{{question}}" and task["doc_to_target"] == "{{answer}}"
+    assert task["metric_list"][0]["metric"] == "exact_match" and task["generation_kwargs"]["max_gen_toks"] == 96
 
 
 def test_load_mmlu_cais_rows_jsonl_and_parquet(tmp_path):

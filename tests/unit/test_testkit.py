@@ -48,3 +48,21 @@ def test_the_switch_read_at_lookup_serves_the_simulator_in_this_process():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=clean_env(), timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["True", "Services"]
+
+
+def test_a_served_fault_is_named_exactly_or_refused(monkeypatch):
+    """A negative control's fault (:mod:`gptoss_patch_testkit.faults`) is installed only by its exact name; a name
+    that is no fault raises, so a misspelt control never runs as "no fault"."""
+    import pytest
+
+    from gptoss_patch_testkit import faults
+
+    assert faults.env("down_proj_bias_every_rank") == {faults.ENV: "down_proj_bias_every_rank"}
+    with pytest.raises(ValueError, match="unknown fault 'down_proj_bias_twice'"):
+        faults.env("down_proj_bias_twice")
+    monkeypatch.delenv(faults.ENV, raising=False)
+    assert faults.install_from_env() == []
+    monkeypatch.setenv(faults.ENV, "swa_mask_template")
+    with pytest.raises(ValueError, match="not a known fault: use one of down_proj_bias_every_rank, "
+                                         "swa_mask_as_template"):
+        faults.install_from_env()

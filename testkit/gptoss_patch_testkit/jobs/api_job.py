@@ -17,7 +17,9 @@ float32, ``--reasoning-parser openai_gptoss --tool-call-parser openai --enable-a
    streaming (concatenated deltas equal the non-streamed answer) for a plain, a JSON and a tool-call answer,
    ``reasoning_effort`` low / high in the rendered system message, ``/v1/responses`` (the Responses API answers a plain,
    a JSON and a tool item as chat completions does: the same reasoning, the same message text, the same function call),
-   ``verify --server`` (exit 0), and last a constrained request batched with plain ones.
+   ``verify --server`` (exit 0), the accuracy runner (``gptoss-patch-eval --local``, lm-eval, run by the python
+   ``GPTOSS_EVAL_PYTHON`` names - a client venv, as users run it) scoring the recall and json items as the chat answers
+   are, and last a constrained request batched with plain ones.
 
 Nothing here asserts: the report says what happened; ``tests/cell/test_api.py`` and its native twin assert.
 """
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 import traceback
@@ -35,9 +38,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 #: The API feature checks, in the order run (see the module docstring).
+#: ``accuracy_runner`` only where ``GPTOSS_EVAL_PYTHON`` names a python with lm-eval (:data:`EVAL_PYTHON`).
+EVAL_PYTHON = os.environ.get("GPTOSS_EVAL_PYTHON") or None
 CHECKS = ("tool_choice_required", "tool_choice_named", "json_schema", "json_schema_enforced", "stream_recall",
           "stream_json", "stream_tool", "reasoning_effort_low", "reasoning_effort_high", "responses_recall",
-          "responses_json", "responses_tool", "verify_server", "json_schema_in_mixed_batch")
+          "responses_json", "responses_tool", "verify_server", *(("accuracy_runner",) if EVAL_PYTHON else ()),
+          "json_schema_in_mixed_batch")
 
 def forced_mode_schema(mode: str) -> dict:
     """The task's object with ``mode`` allowed to be ``mode`` only. Asked of an item whose answer has another mode,
@@ -409,6 +415,35 @@ def run_checks(report: ApiReport, client, url: str, items: list[dict]) -> None:
         return False, f"exit {run.returncode}: {run.stdout[-1500:]}{run.stderr[-500:]}"
 
     _check(report, "verify_server", verify_server)
+
+    def accuracy_runner():
+        """``gptoss-patch-eval --local`` (lm-eval's exact match through its chat client) on the recall and json items
+        (:func:`harmony.local_task_rows`, tests/data/harmony/test.jsonl) scores what the chat answers above score: the
+        share of answers whose content is exactly the expected final message."""
+        import subprocess
+        import tempfile
+
+        rows = harmony.local_task_rows(len(items))
+        content = {it["meta"]["user"]: c.content for it, c in zip(items, report.chats)}
+        want = sum(content[r["question"]] == r["answer"] for r in rows) / len(rows)
+        with tempfile.TemporaryDirectory(prefix="gptoss-eval-") as work:
+            data = Path(work) / "local.jsonl"
+            data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+            run = subprocess.run([EVAL_PYTHON, "-m", "gptoss_patch.tools.eval_accuracy", "--server", url, "--model",
+                                  MODEL, "--local", str(data), "--max-tokens", "96", "--concurrency", "4",
+                                  "--workdir", str(Path(work) / "eval"), "--json"],
+                                 capture_output=True, text=True, timeout=600)
+        if run.returncode:
+            return False, f"exit {run.returncode}: {run.stdout[-1500:]}{run.stderr[-1500:]}"
+        out = json.loads(run.stdout[run.stdout.rindex("\n{") + 1:])  # the last top-level object: the results
+        task = out["tasks"]["gptoss_local"]
+        score = task["scores"]["none"][0]
+        return (task["n"] == len(rows) and score == want,
+                f"lm-eval exact_match {score:.3f} on {task['n']} items; chat content exact {want:.3f} on {len(rows)}; "
+                f"answer sources {out['answer_sources']}")
+
+    if EVAL_PYTHON:
+        _check(report, "accuracy_runner", accuracy_runner)
 
     def mixed_batch():
         """A constrained request batched with plain ones (vLLM then hands xgrammar the constrained rows' indices).

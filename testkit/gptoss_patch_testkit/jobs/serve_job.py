@@ -404,12 +404,14 @@ def read_log(report: ServeReport, text: str) -> None:
 def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int = 0,
         startup_timeout: float = 900.0, extra_env: dict[str, str] | None = None,
         checkpoint_format: str = "bf16", tensor_parallel_size: int = 1,
-        extra_args: list[str] | None = None) -> ServeReport:
+        extra_args: list[str] | None = None, verify_server: bool = True) -> ServeReport:
     """Run the job once; returns the report (never raises for a server that fails: ``report.log_tail`` says why).
 
     ``extra_env``: more environment for the server (e.g. ``GPTOSS_PATCH_DISABLE=1`` to show the unpatched stack).
     ``tensor_parallel_size``: ranks (one worker process each through vLLM's multiprocessing executor);
     ``extra_args``: more ``vllm serve`` arguments (e.g. ``["--enable-expert-parallel"]``).
+    ``verify_server``: also run ``verify --server`` against the running server (False for a negative control, whose
+    answers are judged by the caller: the report's ``ok`` is then False).
     ``checkpoint_format``: a key of :data:`gptoss_patch_testkit.jobs.main_job.CHECKPOINTS`: ``"bf16"`` (the public BF16
     layout), ``"bf16-tp2"`` (the same layout, the model whose ranks at TP 2 hold gpt-oss-120b's per-rank shapes at TP
     8) or ``"mxfp4"`` (the official MXFP4 layout, which the patched stack dequantizes while loading; the reference
@@ -475,18 +477,20 @@ def run(workdir: Path, mode: str = "PIECEWISE", max_tokens: int = 16, seed: int 
             report.log_tail = "\n".join(server.log().splitlines()[-40:])
             read_log(report, server.log())
             return report
-        t3 = time.perf_counter()
-        verify = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--server", server.url,
-                                 "--model", "gpt-oss-tiny", "--chat-max-tokens", "32", "--json"],
-                                capture_output=True, text=True, timeout=600)
-        report.verify_server_exit = verify.returncode
-        report.verify_server_output = (verify.stdout + verify.stderr).strip()
-        try:
-            probe = json.loads(verify.stdout)
-            report.verify_server_problems = list(probe["server"]["problems"])
-        except (json.JSONDecodeError, KeyError, TypeError):
-            report.verify_server_problems = [f"verify --server printed no JSON: {report.verify_server_output[-300:]}"]
-        report.seconds["verify --server"] = round(time.perf_counter() - t3, 1)
+        if verify_server:
+            t3 = time.perf_counter()
+            verify = subprocess.run([sys.executable, "-m", "gptoss_patch.verify", "--server", server.url,
+                                     "--model", "gpt-oss-tiny", "--chat-max-tokens", "32", "--json"],
+                                    capture_output=True, text=True, timeout=600)
+            report.verify_server_exit = verify.returncode
+            report.verify_server_output = (verify.stdout + verify.stderr).strip()
+            try:
+                probe = json.loads(verify.stdout)
+                report.verify_server_problems = list(probe["server"]["problems"])
+            except (json.JSONDecodeError, KeyError, TypeError):
+                report.verify_server_problems = [f"verify --server printed no JSON: "
+                                                 f"{report.verify_server_output[-300:]}"]
+            report.seconds["verify --server"] = round(time.perf_counter() - t3, 1)
         read_log(report, server.log())
     t4 = time.perf_counter()
     refs = reference_generate(checkpoint, [r[2] for r in results], max_tokens, cache_dir=workdir / "reference-cache")

@@ -205,6 +205,9 @@ def install(force: bool = False, children: bool = True) -> types.ModuleType:
         from gptoss_patch_testkit.npu_sim.ops import moe as _moe_ops
 
         _moe_ops.register_c_ascend_ops()
+        from gptoss_patch_testkit import faults
+
+        faults.install_from_env()  # a served negative control's fault, named in the environment (else nothing)
         _installed = True
         return mods["torch_npu"]
 
