@@ -29,8 +29,12 @@ WORKDIR = Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache
 CAPTURE_KIND = {"PIECEWISE": "PIECEWISE", "FULL_DECODE_ONLY": "FULL", "eager": None}
 
 
-def _checks(report: serve_job.ServeReport, mode: str, tensor_parallel_size: int = 1, forked: bool = False) -> None:
-    """``forked``: the engine core and workers were forked (``VLLM_WORKER_MULTIPROC_METHOD=fork``), so they inherit the
+def _checks(report: serve_job.ServeReport, mode: str, tensor_parallel_size: int = 1, forked: bool = False,
+            verified: bool = False) -> None:
+    """``verified``: the run included ``verify --server`` (``serve_job.run(verify_server=True)``), which must find
+    nothing but the random model's problems - once per cell, on the main job (PIECEWISE, TP 1): the probe asks the
+    API, the same on every configuration, and the trained model's server passes it outright (tests/cell/api_cases.py).
+    ``forked``: the engine core and workers were forked (``VLLM_WORKER_MULTIPROC_METHOD=fork``), so they inherit the
     patched modules and log no activation line of their own; their first patched forwards show the patches active."""
     serve_job.print_report(report)
     assert report.started, f"vllm serve did not come up:\n{report.log_tail}"
@@ -69,8 +73,9 @@ def _checks(report: serve_job.ServeReport, mode: str, tensor_parallel_size: int 
         assert e.generated == e.reference[:len(e.generated)] and len(e.generated) == 12, (e.label, e.generated,
                                                                                           e.reference)
         assert e.max_logprob_diff <= serve_job.LOGPROB_TOLERANCE, (e.label, e.max_logprob_diff)
-    assert report.verify_ok, (report.verify_server_exit, report.verify_server_problems)
-    assert report.ok
+    if verified:
+        assert report.verify_ok, (report.verify_server_exit, report.verify_server_problems)
+        assert report.ok
 
 
 def scale_down_bias(factor: float):
@@ -81,10 +86,16 @@ def scale_down_bias(factor: float):
     return edit
 
 
+#: The modes served here: all three in the 0.11.0 cell (the demo's); elsewhere eager is served by the MXFP4 test
+#: (tests/cell/test_mxfp4.py, eager), which spares a server start per cell.
+SERVED_MODES = tuple(m for m in serve_job.MODES if m != "eager" or ROW.vllm_ascend == "0.11.0")
+
+
 @pytest.mark.expensive(50)
-@pytest.mark.parametrize("mode", serve_job.MODES)
+@pytest.mark.parametrize("mode", SERVED_MODES)
 def test_vllm_serve_answers_with_transformers_tokens(mode):
-    _checks(serve_job.run(WORKDIR, mode=mode, max_tokens=12), mode)
+    main_job = mode == "PIECEWISE"  # README command 1's configuration
+    _checks(serve_job.run(WORKDIR, mode=mode, max_tokens=12, verify_server=main_job), mode, verified=main_job)
 
 
 @pytest.mark.expensive(100)
@@ -97,7 +108,8 @@ def test_vllm_serve_tensor_parallel_2_piecewise():
     - 0.12.0rc1's NZ grouped matmul takes no float32, ``serve_job._float32_nz_off``), and both ranks
     say so in the server's output. The unpadded TP 2 path is served by tests/cell/test_serve_more.py (fork, EP, Ray)."""
     report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=12, checkpoint_format="bf16-tp2",
-                           tensor_parallel_size=2, extra_env={"GPTOSS_PATCH_MOE_PAD": "always"})
+                           tensor_parallel_size=2, extra_env={"GPTOSS_PATCH_MOE_PAD": "always"},
+                           verify_server=False)
     _checks(report, "PIECEWISE", tensor_parallel_size=2)
     padded = [line for line in report.log_text.splitlines()
               if "gptoss-patch: MoE intermediate size per rank 360 -> 368" in line]

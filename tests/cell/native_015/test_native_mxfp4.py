@@ -130,7 +130,8 @@ def test_main_job_on_an_mxfp4_checkpoint_through_the_real_engine_matches_transfo
     with vLLM's "mxfp4 quantization is currently not supported in npu"
     (:func:`test_mxfp4_checkpoint_without_gptoss_patch_is_rejected_by_vllm`).
     """
-    report = serve_job.run(WORKDIR, mode="eager", max_tokens=8, startup_timeout=600, checkpoint_format="mxfp4")
+    report = serve_job.run(WORKDIR, mode="eager", max_tokens=8, startup_timeout=600, checkpoint_format="mxfp4",
+                           verify_server=False)  # verify --server: the main job's (test_native_serve.py)
     serve_job.print_report(report)
     assert report.started, report.log_tail
     ckpt = Path(report.command[4])  # [python, -m, vllm.entrypoints.cli.main, serve, CHECKPOINT, ...]
@@ -163,9 +164,7 @@ def test_main_job_on_an_mxfp4_checkpoint_through_the_real_engine_matches_transfo
         band = serve_job.sliding_window(129)
         assert [e.generated for e in report.exchanges] == serve_job.greedy_under(ckpt, report.exchanges, band)
         assert serve_job.logprob_diff_under(ckpt, report.exchanges, band) <= serve_job.LOGPROB_TOLERANCE
-        assert report.verify_ok
         return
     for e in report.exchanges:
         assert e.generated == e.reference and e.max_logprob_diff <= serve_job.LOGPROB_TOLERANCE, \
             (e.label, e.generated, e.reference, e.max_logprob_diff)
-    assert report.verify_ok and report.ok

@@ -41,13 +41,13 @@ def test_native_full_decode_only_is_refused_at_startup():
 
 
 if not matrix.native_attention(ROW):  # layouts H and G: our attention runs the sink and sliding layers
-    @pytest.mark.expensive(100)
-    def test_main_job_tokens_equal_transformers_with_the_patch_and_not_without():
+    @pytest.mark.expensive(70)
+    def test_main_job_tokens_equal_transformers_with_the_patch():
         """The main job (PIECEWISE, tensor parallel 2: two worker processes of vLLM's multiprocessing executor, each
         holding gpt-oss-120b's per-rank shapes at TP 8) through this release's real engine: every exchange's greedy
         tokens and log-probabilities equal transformers' with the patches, and the first GPT-OSS forwards on both ranks
         took our attention path (and, on layout G, our MoE activation path), with the all-reduces captured into each
-        rank's graphs; without the patches (TP 1, eager) the server answers no request.
+        rank's graphs. Without the patches: the next test.
         """
         report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=8, startup_timeout=600,
                                checkpoint_format="bf16-tp2", tensor_parallel_size=2)
@@ -70,11 +70,14 @@ if not matrix.native_attention(ROW):  # layouts H and G: our attention runs the 
                 (e.label, e.generated, e.reference, e.max_logprob_diff)
         assert report.verify_ok and report.ok
 
-        # Without the patches upstream hands the fused operator its band-shaped swa_mask with sparse_mode 4, which the
-        # operator's documentation excludes and the simulator refuses (test_native_attention.py). Given the causal
-        # template there instead - the one substitution upstream's PR #8387 made - the unpatched release answers, and
-        # its tokens are not GPT-OSS's: on layout H they are transformers' with the 129-key band (as 0.19.1rc1's),
-        # on layout G (0.17.0rc1, 0.18.0) the MoE activation bug changes them further.
+    @pytest.mark.expensive(40)
+    def test_main_job_without_the_patch_answers_other_tokens():
+        """The same job without the patches (TP 1, eager). Upstream hands the fused operator its band-shaped swa_mask
+        with sparse_mode 4, which the operator's documentation excludes and the simulator refuses
+        (test_native_attention.py). Given the causal template there instead - the one substitution upstream's PR #8387
+        made (:mod:`gptoss_patch_testkit.faults`) - the unpatched release answers, and its tokens are not GPT-OSS's: on
+        layout H they are transformers' with the 129-key band (as 0.19.1rc1's), on layout G (0.17.0rc1, 0.18.0) the
+        MoE activation bug changes them further."""
         bare = serve_job.run(WORKDIR, mode="eager", max_tokens=8, startup_timeout=600,
                              extra_env={"GPTOSS_PATCH_DISABLE": "1", "GPTOSS_PATCH_ALLOW_UNPATCHED": "1",
                                         **faults.env("swa_mask_as_template")}, verify_server=False)
