@@ -60,39 +60,40 @@ def test_the_patch_is_registered_exactly_where_the_installed_pairing_crashes():
         assert registered == {}, (ROW.vllm_ascend, STRUCTURED)
 
 
-@pytest.mark.skipif(not (PATCHED and CRASHES), reason="this row's runner hands xgrammar what its kernel takes")
-def test_vllm_apply_grammar_bitmask_crashes_unpatched_and_masks_exactly_for_gpt_oss(monkeypatch):
-    import vllm_ascend  # noqa: F401
-    from vllm.v1.structured_output.utils import apply_grammar_bitmask
+if PATCHED and CRASHES:  # only where this row's runner hands xgrammar what its kernel does not take
+    def test_vllm_apply_grammar_bitmask_crashes_unpatched_and_masks_exactly_for_gpt_oss(monkeypatch):
+        import vllm_ascend  # noqa: F401
+        from vllm.v1.structured_output.utils import apply_grammar_bitmask
 
-    import vllm_ascend.worker.model_runner_v1 as runner
+        import vllm_ascend.worker.model_runner_v1 as runner
 
-    assert runner.apply_grammar_bitmask is apply_grammar_bitmask  # the function the NPU runner really calls
+        assert runner.apply_grammar_bitmask is apply_grammar_bitmask  # the function the NPU runner really calls
 
-    # no GPT-OSS model built in this process: upstream's behaviour, the reported crash
-    monkeypatch.setattr(_state, "gpt_oss_built", False)
-    scheduler, grammar, batch, logits = _mixed_batch()
-    with pytest.raises(TypeError, match=r"apply_token_bitmask_inplace_cpu\(\): incompatible function arguments"):
+        # no GPT-OSS model built in this process: upstream's behaviour, the reported crash
+        monkeypatch.setattr(_state, "gpt_oss_built", False)
+        scheduler, grammar, batch, logits = _mixed_batch()
+        with pytest.raises(TypeError, match=r"apply_token_bitmask_inplace_cpu\(\): incompatible function arguments"):
+            apply_grammar_bitmask(scheduler, grammar, batch, logits)
+
+        # a GPT-OSS process: the constrained row is masked, the plain rows are untouched
+        monkeypatch.setattr(_state, "gpt_oss_built", True)
+        scheduler, grammar, batch, logits = _mixed_batch()
+        expected = _expected(logits)
         apply_grammar_bitmask(scheduler, grammar, batch, logits)
-
-    # a GPT-OSS process: the constrained row is masked, the plain rows are untouched
-    monkeypatch.setattr(_state, "gpt_oss_built", True)
-    scheduler, grammar, batch, logits = _mixed_batch()
-    expected = _expected(logits)
-    apply_grammar_bitmask(scheduler, grammar, batch, logits)
-    assert torch.equal(logits, expected)
+        assert torch.equal(logits, expected)
 
 
-@pytest.mark.skipif(not (PATCHED and CRASHES), reason="this row's runner hands xgrammar what its kernel takes")
-def test_a_batch_of_only_constrained_rows_passes_no_indices_and_never_needed_the_patch(monkeypatch):
-    """Why a constrained request alone was fine on 0.13.0: with every row constrained, vLLM passes ``indices=None``."""
-    import vllm_ascend  # noqa: F401
-    from vllm.v1.structured_output.utils import apply_grammar_bitmask
+if PATCHED and CRASHES:  # only where this row's runner hands xgrammar what its kernel does not take
+    def test_a_batch_of_only_constrained_rows_passes_no_indices_and_never_needed_the_patch(monkeypatch):
+        """Why a constrained request alone was fine on 0.13.0: with every row constrained, vLLM passes
+        ``indices=None``."""
+        import vllm_ascend  # noqa: F401
+        from vllm.v1.structured_output.utils import apply_grammar_bitmask
 
-    monkeypatch.setattr(_state, "gpt_oss_built", False)
-    scheduler, grammar, batch, logits = _mixed_batch()
-    batch.req_id_to_index = {"b": 0}
-    logits = logits[1:2].clone()
-    expected = _expected(torch.cat([logits, logits, logits]))[1:2]
-    apply_grammar_bitmask(scheduler, grammar, batch, logits)
-    assert torch.equal(logits, expected)
+        monkeypatch.setattr(_state, "gpt_oss_built", False)
+        scheduler, grammar, batch, logits = _mixed_batch()
+        batch.req_id_to_index = {"b": 0}
+        logits = logits[1:2].clone()
+        expected = _expected(torch.cat([logits, logits, logits]))[1:2]
+        apply_grammar_bitmask(scheduler, grammar, batch, logits)
+        assert torch.equal(logits, expected)

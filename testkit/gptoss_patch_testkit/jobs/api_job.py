@@ -543,20 +543,27 @@ def run(workdir: Path, mode: str = "PIECEWISE", n_items: int = 12, extra_env: di
             report.log_tail = server.log()[-6000:]
             return report
         try:
+            # the items are independent requests: sent 4 at a time (the server's --max-num-seqs), as clients do, so
+            # the engine decodes them in one batch (a tool item's second turn follows its first in the same thread)
+            import concurrent.futures
+
+            def turns(it):
+                first = complete_ids(server.url, harmony.prompt_ids(it))
+                if it["meta"]["kind"] != "tool":
+                    return [first]
+                return [first, complete_ids(server.url, harmony.second_prompt_ids(it, first))]
+
             t2 = time.perf_counter()
-            for i, it in enumerate(items):
-                res = ItemResult(index=i, kind=it["meta"]["kind"])
-                res.server.append(complete_ids(server.url, harmony.prompt_ids(it)))
-                if res.kind == "tool":
-                    res.server.append(complete_ids(server.url, harmony.second_prompt_ids(it, res.server[0])))
-                report.items.append(res)
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                for i, (it, done) in enumerate(zip(items, pool.map(turns, items))):
+                    report.items.append(ItemResult(index=i, kind=it["meta"]["kind"], server=done))
             report.seconds["completions"] = time.perf_counter() - t2
             t3 = time.perf_counter()
             client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600)
-            for i, it in enumerate(items):
-                c = chat_item(client, it)
-                c.index = i
-                report.chats.append(c)
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                for i, c in enumerate(pool.map(lambda it: chat_item(client, it), items)):
+                    c.index = i
+                    report.chats.append(c)
             report.seconds["chat"] = time.perf_counter() - t3
             t4 = time.perf_counter()
             if checks:
