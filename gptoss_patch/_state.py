@@ -7,8 +7,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
+from typing import Iterator
 
 from gptoss_patch import environment, matrix
 from gptoss_patch.registry import APPLIED, PatchState, Registry, Status
@@ -29,6 +31,23 @@ checkpoint: Registry | None = None
 structured: Registry | None = None
 #: Set by the guard once a GPT-OSS model was built in this process: the structured-output patch acts only then.
 gpt_oss_built: bool = False
+#: True while the guard builds a GPT-OSS model (``GptOssForCausalLM.__init__``, which builds the attention impls), or
+#: while the self-test builds GPT-OSS layers (:func:`building_gpt_oss`): patches that act on an impl as it is
+#: constructed (:mod:`gptoss_patch.patches.attention` ``band_128_keys``) act only then - other models' layers keep
+#: upstream's values.
+gpt_oss_building: bool = False
+
+
+@contextlib.contextmanager
+def building_gpt_oss() -> Iterator[None]:
+    """Mark the code inside as building GPT-OSS layers (:data:`gpt_oss_building`); restores the previous value."""
+    global gpt_oss_building
+    before = gpt_oss_building
+    gpt_oss_building = True
+    try:
+        yield
+    finally:
+        gpt_oss_building = before
 
 
 def status(drift: bool = True) -> Status:

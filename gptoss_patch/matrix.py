@@ -111,6 +111,11 @@ LAYOUTS: dict[str, dict[str, str]] = {
         "attention_impl_forward_impl": f"{_AA}:AscendAttentionBackendImpl.forward_impl",
         "moe_unquant_apply_mlp": f"{_FM}.moe_mlp:unquant_apply_mlp",
     },
+    # I = 0.19.1rc1 ... 0.30.0rc2: upstream's sink path with the template mask (PR #8387), pre_tokens = the window
+    # (129 keys; docs/upstream.md §4.3): the impl's window is turned into pre_tokens where it is built
+    "I": {
+        "attention_impl_init": f"{_AA}:AscendAttentionBackendImpl.__init__",
+    },
 }
 
 #: The vLLM side of the pairing: the vLLM code every GPT-OSS fix relies on, as ``key -> (locations, parameters)``.
@@ -193,6 +198,9 @@ LAYOUT_PATCHES: dict[str, tuple[str, ...]] = {
         "attention.sink_window_forward_impl",
         "moe.activation_name",
     ),
+    "I": (
+        "attention.band_128_keys",
+    ),
 }
 
 
@@ -245,9 +253,9 @@ _C_GRAPH_NATIVE_BUG = Cap(REFUSED, "FULL_DECODE_ONLY capture of GPT-OSS attentio
                                    "(full_graph_fia: FIA v1, sparse_mode 3; "
                                    "fixed upstream by PR #9165 in 0.20.2rc1); serve with "
                                    "--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}' or upgrade")
-_C_BAND = Cap(DEVIATES, "sliding layers take the TND band with sparse_mode 4 and pre_tokens = 128: 129 keys "
-                        "where GPT-OSS attends 128 (docs/operators.md, calibration finding 2; every release up to "
-                        "0.30.0rc2)")
+_C_BAND = Cap(PATCHED, "sliding layers take the TND band with sparse_mode 4 and pre_tokens = 128: 129 keys "
+                       "where GPT-OSS attends 128 (docs/operators.md, calibration finding 2; every release up to "
+                       "0.30.0rc2); GPT-OSS's sliding impls are built with pre_tokens 127 (layout I)")
 #: vllm-ascend 0.15.0rc1 - 0.18.0 (layouts H, G): upstream's sliding layers are wrong twice; we route the layers with
 #: sinks or a window to the same fused call as on 0.12-0.14 (gptoss_patch.patches.attention ``_forward_impl``).
 _C_SWA_PATCHED = Cap(PATCHED, "upstream's sliding layers pass swa_mask with sparse_mode 4 (not the template mask the "
@@ -430,10 +438,10 @@ ROWS: tuple[Row, ...] = (
     Row("0.18.0", "0.18.0", "2.9.0", "2.9.0", "8.5.1", APPLY, "G", True,
         "sliding-window attention patched (swa_mask, 129 keys); MoE activation patched (vLLM 0.18 Enum vs "
         "vllm-ascend string)", _native_caps(attention=_C_SWA_PATCHED, moe=_C_MOE_ENUM)),
-    Row("0.19.1rc1", "0.19.1", "2.9.0", "2.9.0", "8.5.1", STAND_DOWN, None, True,
-        "native GPT-OSS support (MoE activation fixed by PR #8465, swa_mask by PR #8387)",
-        _native_caps()),
-    *(Row(va, vv, "2.10.0", npu, cann, STAND_DOWN, None, False, note,
+    Row("0.19.1rc1", "0.19.1", "2.9.0", "2.9.0", "8.5.1", APPLY, "I", True,
+        "native GPT-OSS support (MoE activation fixed by PR #8465, swa_mask by PR #8387); sliding window patched "
+        "(129 keys)", _native_caps()),
+    *(Row(va, vv, "2.10.0", npu, cann, APPLY, "I", False, f"{note}; sliding window patched (129 keys)",
           _native_caps(**{"attention_graph": _C_GRAPH_NATIVE,
                           "checkpoint_mxfp4": _C_MXFP4_UNCHECKED,
                           "context_parallel": _C_CP_025 if Version(va) >= Version("0.25.1rc1") else _C_CP,
@@ -468,9 +476,11 @@ def newest_row(rows: Sequence[Row] = ROWS) -> Row:
 
 
 def native_attention(row: Row | None) -> bool:
-    """True when ``row``'s GPT-OSS attention is upstream's own code (no attention patch of ours runs): 0.19.1rc1
-    and later; 0.15.0rc1 - 0.18.0 route their sink and sliding layers to our call (layouts H, G)."""
-    return row is not None and bool(row.caps) and row.caps["attention"].state in (NATIVE, DEVIATES)
+    """True when upstream's own attention forward computes ``row``'s GPT-OSS layers: 0.19.1rc1 and later (layout I
+    only builds the sliding layers with GPT-OSS's band, ``attention.band_128_keys``); False where our forward runs
+    them (0.11.0rc1 - 0.18.0: layouts B - G route the sink and sliding layers to our call)."""
+    return (native_sinks(row) and row.caps["attention"].state != REFUSED
+            and not any(p.startswith("attention.sink_window_forward") for p in LAYOUT_PATCHES.get(row.layout, ())))
 
 
 def native_sinks(row: Row | None) -> bool:
@@ -564,7 +574,7 @@ class PairingRule:
 
 #: Per-release facts of the pairing: vLLM >= 0.17 hands FusedMoE's activation over as the ``MoEActivation`` Enum,
 #: vllm-ascend 0.17.0rc1 - 0.18.0 compare it with a string (vllm-ascend #8463; patched there by ``moe.activation_name``).
-#: A native row (H, stand-down) paired with such a vLLM would run every expert as plain SwiGLU.
+#: A native row (H, I, stand-down) paired with such a vLLM would run every expert as plain SwiGLU.
 NATIVE_PAIRING_RULES: tuple[PairingRule, ...] = (
     PairingRule("moe.activation_name", "G", "vllm_passes_enum",
                 "the installed vLLM passes the MoE activation as the MoEActivation Enum and {target} compares it "

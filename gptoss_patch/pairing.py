@@ -50,7 +50,7 @@ def judge(force: bool | None = None) -> tuple[environment.Versions, matrix.Decis
     row = decision.row
     if decision.verdict == matrix.STAND_DOWN or (
             decision.verdict == matrix.APPLY and matrix.native_sinks(row) and row.caps["moe"].state == matrix.NATIVE):
-        # upstream's MoE code runs unpatched (stand-down, layout H): check the defect a mismatched vLLM brings (a
+        # upstream's MoE code runs unpatched (stand-down, layouts H and I): check the defect a mismatched vLLM brings (a
         # forced, declared or structurally mapped pairing, an edited install) in the installed files themselves
         problems = native_pairing_problems(declared)
         if problems:

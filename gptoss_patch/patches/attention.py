@@ -32,13 +32,22 @@ How
       ``forward_impl`` structure, but its sliding layers hand ``npu_fused_infer_attention_score_v2`` the band-shaped
       ``swa_mask`` with ``sparse_mode 4`` (not the template the operator requires; undocumented result) and
       ``pre_tokens = 128`` (129 keys; docs/upstream.md §4.3, §4.4). The same wrapper routes those layers to our call.
+    * 0.19.1rc1 - 0.30.0rc2 (``attention.band_128_keys`` alone, layout I): upstream's sink path is right but for the
+      band. Its impl uses ``self.sliding_window`` for nothing but the operator's ``pre_tokens`` (eager
+      ``forward_fused_infer_attention``; from 0.20.2rc1 also the FULL_DECODE_ONLY capture ``full_graph_fia_v2`` and its
+      per-step update, which copies the value into its parameters) and ``is not None`` / truth tests; with
+      ``sparse_mode 4`` the band admits ``pre_tokens + 1`` keys (docs/operators.md §3.4). A wrapper around
+      ``__init__`` stores ``sliding_window - 1`` (``kernels.attention.band``) on GPT-OSS's sliding layers, so every
+      one of those calls attends GPT-OSS's 128 keys. Only while a GPT-OSS model is being built
+      (:func:`gptoss_patch._state.building_gpt_oss`): other models keep upstream's value. tests/unit/
+      test_reverse_drift.py reads every use of the window in each of these releases (``WINDOW_USES``).
 Upstream releases
-    vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (layouts B, C, E, F in :mod:`gptoss_patch.matrix`): all three. 0.15.0rc1
+    vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (layouts B, C, E, F in :mod:`gptoss_patch.matrix`): the first three. 0.15.0rc1
     added the ``sinks`` parameter natively; ``keep_sinks``' structural check refuses a target that already has it.
-    0.15.0rc1 ... 0.18.0 (layouts H, G): ``sink_window_forward_impl``. 0.19.1rc1 passes the template (PR #8387) and
-    stands down with the 129-key band as a documented deviation.
+    0.15.0rc1 ... 0.18.0 (layouts H, G): ``sink_window_forward_impl``. 0.19.1rc1 ... 0.30.0rc2 (layout I; PR #8387
+    gave the sliding call the template in 0.19.1rc1): ``band_128_keys``.
 Remove when
-    the oldest supported vllm-ascend is >= 0.19.1rc1.
+    upstream passes ``sliding_window - 1`` (or the oldest supported release does).
 """
 
 from __future__ import annotations
@@ -275,6 +284,34 @@ def sink_window_attend(impl: Any, layer_name: Any, query: Any, attn_metadata: An
     return output
 
 
+def _band_128_keys(wrapped, instance, args, kwargs):
+    """wrapt wrapper for ``AscendAttentionBackendImpl.__init__`` (vllm-ascend 0.19.1rc1 - 0.30.0rc2, layout I).
+
+    Builds the impl, then, on a GPT-OSS sliding layer (while :data:`gptoss_patch._state.gpt_oss_building`, with a
+    window and sinks), stores the operator's ``pre_tokens`` for that window as ``self.sliding_window``:
+    ``window - 1`` (127 for GPT-OSS's 128 keys; :func:`gptoss_patch.kernels.attention.band`), because every use of
+    the attribute in these releases is ``pre_tokens=`` of a ``sparse_mode 4`` call or a None / truth test (module
+    docstring). The model's window stays readable as ``self.gptoss_window``. Other layers are untouched.
+
+    Raises:
+        ValueError: a GPT-OSS window below 2 (``pre_tokens`` 0 would read as "no window" in upstream's truth tests;
+            GPT-OSS's is 128).
+    """
+    result = wrapped(*args, **kwargs)
+    from gptoss_patch import _state
+
+    window = getattr(instance, "sliding_window", None)
+    if _state.gpt_oss_building and window is not None and getattr(instance, "sinks", None) is not None:
+        from gptoss_patch.kernels.attention import band
+
+        if window < 2:
+            raise ValueError(f"GPT-OSS sliding_window must be >= 2 for the fused band (pre_tokens = window - 1 > 0), "
+                             f"got {window}; GPT-OSS's config.json has 128")
+        instance.gptoss_window = window
+        instance.sliding_window = band(window)[1]
+    return result
+
+
 def _decode_only() -> Any:
     from vllm_ascend.attention.attention_v1 import AscendAttentionState
 
@@ -305,5 +342,14 @@ PATCHES = [
         params=("query", "key", "value", "kv_cache", "attn_metadata", "output"),
         summary="layers with sinks or a sliding window run fused TND attention with sinks and a 128-key band, "
                 "written into vLLM's output buffer",
+    ),
+    PatchSpec(
+        name="attention.band_128_keys",
+        target_key="attention_impl_init",
+        wrapper=_band_128_keys,
+        params=("sliding_window", "sinks"),
+        defect_present=("self.sliding_window = sliding_window",),
+        defect_absent=("sliding_window - 1",),
+        summary="GPT-OSS's sliding layers hand upstream's fused calls pre_tokens = window - 1: 128 keys, not 129",
     ),
 ]

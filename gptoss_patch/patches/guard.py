@@ -421,7 +421,8 @@ def _guard_init(wrapped, instance, args, kwargs):
     check_mxfp4_build(vllm_config, current_status())
     check_checkpoint(vllm_config)
     try:
-        result = wrapped(*args, **kwargs)
+        with _state.building_gpt_oss():  # impl-construction patches (layout I's 128-key band) act on these layers only
+            result = wrapped(*args, **kwargs)
     except Exception as exc:
         try:
             check(current_status(), include_pending=False)

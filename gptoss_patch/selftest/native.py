@@ -266,15 +266,23 @@ def build_case(cfg, seqs: Sequence[tuple[int, int]], *, num_heads: int, num_kv_h
 
 
 def make_impl(cfg, *, num_heads: int, num_kv_heads: int, sliding_window: int | None, sinks: torch.Tensor | None,
-              head_dim: int = 64):
+              head_dim: int = 64, gpt_oss: bool = True):
     """The release's ``AscendAttentionBackendImpl`` built with the positional arguments of vLLM 0.15's
     ``Attention.__init__`` (``num_heads, head_size, scale, num_kv_heads, alibi_slopes, sliding_window,
     kv_cache_dtype, logits_soft_cap, attn_type, kv_sharing_target_layer_name``) and ``sinks=`` as the extra
-    impl argument GPT-OSS passes (vllm/model_executor/models/gpt_oss.py ``OAIAttention``); scale ``D**-0.5``."""
+    impl argument GPT-OSS passes (vllm/model_executor/models/gpt_oss.py ``OAIAttention``); scale ``D**-0.5``.
+
+    ``gpt_oss``: build it as ``GptOssForCausalLM.__init__`` does (:func:`gptoss_patch._state.building_gpt_oss`), so
+    patches acting on construction apply (layout I's ``attention.band_128_keys``); False builds upstream's impl as
+    another model would get it (the calibration of upstream's own band)."""
+    import contextlib
+
     from vllm.config import set_current_vllm_config
     from vllm_ascend.attention.attention_v1 import AscendAttentionBackendImpl
 
-    with set_current_vllm_config(cfg):
+    from gptoss_patch import _state
+
+    with set_current_vllm_config(cfg), (_state.building_gpt_oss() if gpt_oss else contextlib.nullcontext()):
         return AscendAttentionBackendImpl(num_heads, head_dim, head_dim ** -0.5, num_kv_heads, None, sliding_window,
                                           "auto", None, "decoder", None,
                                           sinks=None if sinks is None else sinks.to(NPU))  # the layer's parameter

@@ -34,7 +34,7 @@ def test_the_testkit_readme_lists_its_variables():
     assert {v.name for v in testkit_config.TESTKIT_VARIABLES} <= set(re.findall(r"`(GPTOSS_PATCH_[A-Z_]+)", text))
 
 
-def testkit_readme_rows() -> dict[str, str]:
+def _testkit_readme_rows() -> dict[str, str]:
     """``{variable: value shown}`` of testkit/README.md's variable table (rows that show a value)."""
     text = (ROOT / "testkit" / "README.md").read_text(encoding="utf-8")
     return {n: v.replace("\\|", "|") for n, v in re.findall(r"^\| `(GPTOSS_PATCH_[A-Z_]+)=([^`]*)` \|", text, re.M)}
@@ -46,7 +46,7 @@ def testkit_readme_rows() -> dict[str, str]:
 def test_testkit_readme_value_is_accepted(name):
     """What testkit/README.md shows for a simulator variable parses as that variable (the product README's rule,
     carried over when the variables moved to the testkit)."""
-    shown = testkit_readme_rows()[name]
+    shown = _testkit_readme_rows()[name]
     var = config.VARIABLES[name]
     env = {name: shown}
     if var.kind == "bool":

@@ -64,9 +64,19 @@ def test_unpaired_vllm_needs_the_structural_check():
     assert decide("0.11.0", "0.12.0", structural_check=incompatible).verdict == REFUSE
 
 
+def _standing_down(release: str = "0.19.1rc1") -> tuple[matrix.Row, ...]:
+    """The table with ``release`` as a *stand-down* row - what a release whose native GPT-OSS needs no patch would
+    be (none does today: every native release admits 129 keys, layout I; the verdict stays for the day one does)."""
+    import dataclasses
+
+    return tuple(dataclasses.replace(r, verdict=STAND_DOWN, layout=None,
+                                     caps={**r.caps, "attention": matrix.Cap(matrix.NATIVE)})
+                 if r.vllm_ascend == release else r for r in matrix.ROWS)
+
+
 @pytest.mark.parametrize("va,vv", [("0.19.1rc1", "0.19.1")])
 def test_native_releases_stand_down_but_never_say_the_patch_is_not_needed(va, vv):
-    d = decide(va, vv)
+    d = decide(va, vv, rows=_standing_down(va))
     assert d.verdict == STAND_DOWN and d.row.vllm_ascend == va
     assert "supports GPT-OSS natively" in d.reason and "no longer need" not in d.reason
     assert "the guard refuses what is still wrong upstream" in d.reason
@@ -115,8 +125,19 @@ def test_native_rows_list_what_is_still_wrong_upstream_in_that_release():
     late = decide("0.19.1rc1", "0.19.1").gaps
     assert any(g.startswith("attention_graph: refused") and "PIECEWISE" in g for g in early)
     assert any(g.startswith("quantized_moe: refused") for g in late)
-    assert any(g.startswith("attention: deviates") and "129 keys" in g for g in late)
+    assert any(g.startswith("attention: patched") and "129 keys" in g and "pre_tokens 127" in g for g in late)
     assert not any(g.startswith("moe:") for g in early + late)  # native MoE
+
+
+@pytest.mark.parametrize("row", [r for r in matrix.ROWS if r.version >= matrix.Version("0.19.1rc1")],
+                         ids=lambda r: r.vllm_ascend)
+def test_every_release_from_0191rc1_applies_the_128_key_band(row):
+    """Issue 30: every native release hands its sliding layers pre_tokens = 128 (129 keys); from 0.19.1rc1 on nothing
+    else of its attention is ours, so the band is the one patch of layout I - and no release is left *deviates*."""
+    assert row.verdict == APPLY and row.layout == "I"
+    assert matrix.LAYOUT_PATCHES["I"] == ("attention.band_128_keys",)
+    assert row.caps["attention"].state == matrix.PATCHED and matrix.native_attention(row)
+    assert matrix.DEVIATES not in {c.state for c in row.caps.values()}
 
 
 def test_a_release_newer_than_the_table_is_refused_not_assumed_native():
@@ -127,10 +148,17 @@ def test_a_release_newer_than_the_table_is_refused_not_assumed_native():
 
 
 def test_a_native_release_with_another_vllm_is_refused_naming_the_pair():
-    d = decide("0.19.1rc1", "0.20.2", structural_check=compatible)
+    rows = _standing_down()
+    d = decide("0.19.1rc1", "0.20.2", structural_check=compatible, rows=rows)
     assert d.verdict == REFUSE and "pairs with vllm 0.19.1, not 0.20.2" in d.reason
-    forced = decide("0.19.1rc1", "0.20.2", force=True)
+    forced = decide("0.19.1rc1", "0.20.2", force=True, rows=rows)
     assert forced.verdict == STAND_DOWN and forced.forced
+
+
+def test_layout_i_with_another_vllm_takes_the_structural_check():
+    d = decide("0.19.1rc1", "0.20.2", structural_check=compatible)
+    assert d.verdict == APPLY and not d.exact and "structurally compatible with 0.19.1rc1" in d.reason
+    assert decide("0.19.1rc1", "0.20.2", structural_check=incompatible).verdict == REFUSE
 
 
 def test_layout_h_with_another_vllm_takes_the_structural_check():
@@ -160,7 +188,7 @@ def test_older_series_is_refused_naming_the_supported_releases():
     d = decide("0.10.2rc1", "0.10.2", structural_check=compatible)
     assert d.verdict == REFUSE
     assert "vllm-ascend 0.11.0 with vllm 0.11.0" in d.reason and "vllm-ascend 0.15.0rc1 with vllm 0.15.0" in d.reason
-    assert "native GPT-OSS (nothing to patch): 0.19.1rc1" in d.reason
+    assert "vllm-ascend 0.19.1rc1 with vllm 0.19.1" in d.reason and "nothing to patch" not in d.reason
 
 
 def test_rc0_is_refused_as_a_different_architecture_even_if_checks_pass():
@@ -193,7 +221,7 @@ def test_force_applies_the_nearest_row_and_says_so():
 
 
 def test_force_never_overrides_stand_down():
-    d = decide("0.19.1rc1", "0.19.1", force=True)
+    d = decide("0.19.1rc1", "0.19.1", force=True, rows=_standing_down())
     assert d.verdict == STAND_DOWN and not d.forced
 
 
@@ -271,7 +299,7 @@ def test_0191rc1_lists_exactly_the_remaining_native_gaps():
     d = decide("0.19.1rc1", "0.19.1")
     assert [g.split(":")[0] for g in d.gaps] == ["attention", "attention_graph", "quantized_moe", "checkpoint_mxfp4",
                                                  "atlas_310p", "paged_attention_shapes", "context_parallel"]
-    assert d.gaps[0].startswith("attention: deviates") and "swa_mask" not in d.gaps[0]  # PR #8387 is in 0.19.1rc1
+    assert d.gaps[0].startswith("attention: patched") and "swa_mask" not in d.gaps[0]  # PR #8387 is in 0.19.1rc1
     assert d.gaps[1].startswith("attention_graph: refused") and "PR #9165" in d.gaps[1]
 
 

@@ -158,3 +158,59 @@ def test_the_moe_string_compare_is_patched_where_vllm_passes_an_enum(row):
     elif present and enum_vllm:
         pytest.fail(f"the matrix is wrong: vllm-ascend {row.vllm_ascend} compares with the string while vLLM "
                     f"{row.vllm} passes MoEActivation members, but the row says moe is {row.caps['moe'].state}")
+
+
+#: Every form in which ``attention_v1.py`` of vllm-ascend 0.19.1rc1 - 0.30.0rc2 mentions a layer's window (read from
+#: each release; docs/upstream.md §4.3): as the fused calls' ``pre_tokens`` (directly, or through the graph parameters'
+#: ``sliding_window`` and ``FIAParamProvider``), in None / truth tests, or where it is declared, stored or passed on.
+#: ``attention.band_128_keys`` stores ``window - 1`` in ``self.sliding_window``; that is exact only while no other use
+#: exists (a value used as a length or a cache size would then be one short).
+WINDOW_USES = tuple(re.compile(p) for p in (
+    r'pre_tokens"?\s*[=:]\s*(self\.)?sliding_window( if (self\.)?sliding_window is not None else SWA_INT_MAX)?,?$',
+    r"^pre_tokens = self\.sliding_window or SWA_INT_MAX$",
+    r"(self\.)?sliding_window is (not )?None",
+    r"\b(if|or) (not )?(self\.)?sliding_window\b(?! is)",
+    r"^sliding_window: int \| None,?$",
+    r"^self\.sliding_window = sliding_window$",
+    r"^(self\.)?sliding_window,$",
+    r'hf_text_config, "sliding_window"',
+    r"FIAParamProvider\(self\._layer_name, self\.sliding_window,",  # 0.29.0rc1+: read only as `not self.sliding_window`
+))
+
+
+def window_uses_outside_pre_tokens(tree: Path) -> list[str]:
+    """The lines of ``attention_v1.py`` that use ``sliding_window`` in none of the :data:`WINDOW_USES` forms."""
+    strange = []
+    for line in _text(tree, "vllm_ascend/attention/attention_v1.py").splitlines():
+        rest = line.strip()
+        for pattern in WINDOW_USES:
+            rest = pattern.sub("", rest)
+        if "sliding_window" in rest:
+            strange.append(line.strip())
+    return strange
+
+
+LAYOUT_I_ROWS = [r for r in matrix.ROWS if r.layout == "I"]
+
+
+@pytest.mark.parametrize("row", LAYOUT_I_ROWS, ids=[r.vllm_ascend for r in LAYOUT_I_ROWS])
+def test_the_window_is_only_pre_tokens_where_the_band_patch_stores_window_minus_1(row):
+    """``attention.band_128_keys`` (layout I) builds GPT-OSS's sliding impls with ``self.sliding_window = 127``: exact
+    only if every use of the window in the release's attention impl is ``pre_tokens`` (or a None / truth test, which
+    127 passes as 128 does) - checked line by line - and the band itself is still upstream's 129 keys."""
+    from gptoss_patch_testkit.release_source import release_tree
+
+    tree = release_tree(row.vllm_ascend)
+    strange = window_uses_outside_pre_tokens(tree)
+    if strange:
+        pytest.fail(f"the code moved: vllm-ascend {row.vllm_ascend} uses the window otherwise than as pre_tokens: "
+                    f"{strange}; re-check attention.band_128_keys for this row")
+    assert band_129(tree), row.vllm_ascend
+
+
+def test_the_window_check_names_a_use_it_does_not_know(tmp_path):
+    """Broken on purpose: a window used as a length is named (the check is not a pattern that matches anything)."""
+    (tmp_path / "vllm_ascend" / "attention").mkdir(parents=True)
+    (tmp_path / "vllm_ascend" / "attention" / "attention_v1.py").write_text(
+        "pre_tokens=self.sliding_window,\nblocks = cdiv(self.sliding_window, block_size)\n")
+    assert window_uses_outside_pre_tokens(tmp_path) == ["blocks = cdiv(self.sliding_window, block_size)"]

@@ -98,10 +98,11 @@ def _positions(seqs):
 
 def test_calibration_runs_upstream_attention_untouched(cfg):
     """The calibration is only meaningful if nothing of ours touches the vllm-ascend attention it runs: the decision
-    in this process is the cell row's verdict with exactly its layout's patches; on 0.19.1rc1 (stand-down)
-    ``AscendAttentionBackendImpl`` is upstream's own class, and on layouts H and G (0.15.0rc1 - 0.18.0) only
-    ``forward_impl`` is wrapped (``attention.sink_window_forward_impl``) - ``run_native_forward(..., upstream=True)``
-    binds upstream's original on the calibrated impl, checked here to reach upstream's fused call."""
+    in this process is the cell row's verdict with exactly its layout's patches; on layouts H and G (0.15.0rc1 -
+    0.18.0) only ``forward_impl`` is wrapped (``attention.sink_window_forward_impl``) - ``run_native_forward(...,
+    upstream=True)`` binds upstream's original on the calibrated impl, checked here to reach upstream's fused call;
+    on layout I (0.19.1rc1) only ``__init__`` (``attention.band_128_keys``), which leaves an impl built outside a
+    GPT-OSS model - the calibration's (``make_impl(..., gpt_oss=False)``) - with upstream's window."""
     import wrapt
 
     import gptoss_patch
@@ -118,10 +119,13 @@ def test_calibration_runs_upstream_attention_untouched(cfg):
     want = list(matrix.LAYOUT_PATCHES[ROW.layout]) if ROW.verdict == matrix.APPLY else []
     assert [p.name for p in status.patches] == want and all(p.state == "applied" for p in status.patches)
     ours = [p.target for p in status.patches if p.target.startswith("vllm_ascend.attention")]
-    patched = not matrix.native_attention(ROW)
-    assert ours == (["vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.forward_impl"] if patched else [])
+    wrapped = {"H": "forward_impl", "G": "forward_impl", "I": "__init__"}[ROW.layout]
+    assert ours == [f"vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.{wrapped}"]
     for name in ("__init__", "forward", "forward_impl", "forward_fused_infer_attention"):
-        assert is_wrapped(aa.AscendAttentionBackendImpl.__dict__[name]) == (patched and name == "forward_impl"), name
+        assert is_wrapped(aa.AscendAttentionBackendImpl.__dict__[name]) == (name == wrapped), name
+    calibrated = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=_sinks(),
+                                gpt_oss=False)
+    assert calibrated.sliding_window == WINDOW and not hasattr(calibrated, "gptoss_window")
 
 
 if not matrix.native_attention(ROW):  # layouts H and G
@@ -160,6 +164,31 @@ if not matrix.native_attention(ROW):  # layouts H and G
             ref129 = reference_output(case, sinks=sinks, sliding_window=WINDOW + 1, scale=impl.scale)
             pos = _positions(seqs)
             assert (out - ref129).abs().amax(dim=(1, 2))[pos >= WINDOW].min().item() > 1e-3  # not upstream's band
+
+
+if ROW.layout == "I":  # 0.19.1rc1: upstream's forward, GPT-OSS's sliding impls built with pre_tokens 127
+    @pytest.mark.parametrize("state", list(STATES))
+    def test_upstream_forward_of_a_gpt_oss_built_impl_attends_128_keys(cfg, fia_calls, state):
+        """``attention.band_128_keys``: an impl built as GPT-OSS builds it (inside ``GptOssForCausalLM.__init__``;
+        ``make_impl`` marks it so) runs upstream's own eager forward with ``pre_tokens = 127`` and equals transformers
+        with GPT-OSS's 128-key window (float32, <= 1e-5) in every state - and not the 129-key band (> 1e-3 on every row
+        at position >= 128), which the same upstream forward computes for an impl built outside a GPT-OSS model
+        (finding 2, below)."""
+        seqs = STATES[state]
+        case = n015.build_case(cfg, seqs, num_heads=N, num_kv_heads=KVN, seed=21, sliding_window=WINDOW)
+        sinks = _sinks()
+        impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=sinks)
+        assert (impl.sliding_window, impl.gptoss_window) == (WINDOW - 1, WINDOW)
+        out = n015.run_native_forward(cfg, impl, case)
+        assert len(fia_calls) == 1, fia_calls
+        call = fia_calls[0]
+        assert (call["sparse_mode"], call["pre_tokens"], call["next_tokens"], call["input_layout"]) == \
+            (4, WINDOW - 1, 0, "TND")
+        assert call["atten_mask"] is case.metadata.attn_mask and call["learnable_sink"] is impl.sinks
+        ref = reference_output(case, sinks=sinks, sliding_window=WINDOW, scale=impl.scale)
+        assert (out - ref).abs().max().item() <= 1e-5
+        ref129 = reference_output(case, sinks=sinks, sliding_window=WINDOW + 1, scale=impl.scale)
+        assert (out - ref129).abs().amax(dim=(1, 2))[_positions(seqs) >= WINDOW].min().item() > 1e-3
 
 
 @pytest.mark.parametrize("state", list(STATES))
@@ -240,7 +269,7 @@ def test_sliding_layer_mask_swa_mask_refused_by_the_simulator_where_the_real_op_
     seqs = STATES[state]
     case = n015.build_case(cfg, seqs, num_heads=N, num_kv_heads=KVN, seed=5, sliding_window=WINDOW)
     md = case.metadata
-    impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=_sinks())
+    impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=_sinks(), gpt_oss=False)
     if not _has_swa_mask():
         out = n015.run_native_forward(cfg, impl, case, upstream=True)
         call = fia_calls[0]
@@ -279,7 +308,7 @@ def test_sliding_layer_band_admits_129_keys_with_the_documented_template(cfg, fi
     case = n015.build_case(cfg, seqs, num_heads=N, num_kv_heads=KVN, seed=5, sliding_window=WINDOW)
     md = _template_metadata(case.metadata)  # PR #8387's atten_mask
     sinks = _sinks()
-    impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=sinks)
+    impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=sinks, gpt_oss=False)
     out = n015.run_native_forward(cfg, impl, case, metadata=md, upstream=True)
     call = fia_calls[0]
     assert (call["sparse_mode"], call["pre_tokens"], call["next_tokens"], call["input_layout"]) == \
@@ -342,7 +371,7 @@ def test_sliding_layer_band_reads_vllms_null_block_as_the_129th_key(cfg):
         table[i, nulls[c]] = n015.NULL_BLOCK
     md = _template_metadata(dataclasses.replace(case.metadata, block_tables=table))
     sinks = _sinks()
-    impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=sinks)
+    impl = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=sinks, gpt_oss=False)
     out = n015.run_native_forward(cfg, impl, case, metadata=md, upstream=True)
 
     zeroed = dataclasses.replace(case, full_k=[k.clone() for k in case.full_k], full_v=[v.clone() for v in case.full_v])

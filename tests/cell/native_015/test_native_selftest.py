@@ -1,11 +1,12 @@
 """``verify --selftest`` in a native calibration cell (0.15.0rc1, 0.16.0rc1, 0.17.0rc1, 0.18.0, 0.19.1rc1): the cases
 build their metadata with the release's own builder and run the release's attention ``forward`` - upstream's own GPT-OSS
-attention on 0.19.1rc1, our ``attention.sink_window_forward_impl`` on layouts H and G (0.15.0rc1 - 0.18.0; what
-``forward`` calls there, test_native_attention.py asserts which) - and the MoE of the tiny model vLLM loads (with layout
-G's patch where the row applies it) in bf16 against transformers in float32. The sliding layers are checked against the
-window the row computes: 128 where we patch them, the window-129 reference of the documented band (docs/operators.md)
-where upstream's code runs. An injected operator deviation (``GPTOSS_PATCH_SIM_FAULT``) makes it exit 1 naming the
-cases."""
+attention with layout I's band (``attention.band_128_keys``) on 0.19.1rc1, our ``attention.sink_window_forward_impl`` on
+layouts H and G (0.15.0rc1 - 0.18.0; what ``forward`` calls there, test_native_attention.py asserts which) - and the MoE
+of the tiny model vLLM loads (with layout G's patch where the row applies it) in bf16 against transformers in float32.
+The sliding layers are checked against GPT-OSS's 128 keys on every row (a row whose band *deviated* would be checked
+against the window-129 reference of its documented band, docs/operators.md; none does since issue 30). An injected
+operator deviation (``GPTOSS_PATCH_SIM_FAULT``) makes it exit 1 naming the cases: a band one key wider fails exactly the
+sliding cases, so the self-test tells 128 keys from 129 on the user's device."""
 
 import pytest
 
@@ -13,8 +14,8 @@ from conftest import ROW, check_selftest_without_torch_npu, run_selftest, selfte
 
 from gptoss_patch import matrix, selftest
 
-#: Layouts H and G: our attention runs the sliding layers (window 128); 0.19.1rc1: upstream's band (129 keys).
-PATCHED = not matrix.native_attention(ROW)
+#: Layouts H and G: our attention runs the sliding layers (window 128); I: upstream's, built with GPT-OSS's band.
+PATCHED = ROW.caps["attention"].state == matrix.PATCHED
 ATTENTION = {f"attention/native/{label}/{kind}" for label, _ in selftest.NATIVE_ATTENTION
              for kind in ("sliding", "full")}
 SLIDING = {c for c in ATTENTION if c.endswith("/sliding")}

@@ -10,9 +10,10 @@ simulated NPU.
   4 (the device accepts it and computes something undocumented: docs/upstream.md §4.4); served with the documented
   template there instead (upstream's later fix, PR #8387, as a test fault: :mod:`gptoss_patch_testkit.faults`), the
   unpatched release answers other tokens than transformers' - on layout H those of the 129-key band.
-* 0.19.1rc1 (upstream's attention, ``attention deviates``): the same main job answers exactly the tokens of
-  transformers with a 129-key window - the release's documented band - and not GPT-OSS's 128 (calibration through the
-  real engine; its slot-mapping Triton kernel is emulated, docs/simulator.md).
+* Layout I (0.19.1rc1): upstream's own attention with GPT-OSS's sliding layers built with pre_tokens 127
+  (``attention.band_128_keys``): the main job answers with transformers' tokens. Without the patch the same job answers
+  exactly the tokens of transformers with a 129-key window - the release's documented band - and not GPT-OSS's 128
+  (calibration through the real engine; its slot-mapping Triton kernel is emulated, docs/simulator.md).
 """
 
 import os
@@ -40,36 +41,39 @@ def test_native_full_decode_only_is_refused_at_startup():
     assert engine and all(p["decision"] == ROW.verdict for p in engine), report.processes
 
 
-if not matrix.native_attention(ROW):  # layouts H and G: our attention runs the sink and sliding layers
-    @pytest.mark.expensive(70)
-    def test_main_job_tokens_equal_transformers_with_the_patch():
-        """The main job (PIECEWISE, tensor parallel 2: two worker processes of vLLM's multiprocessing executor, each
-        holding gpt-oss-120b's per-rank shapes at TP 8) through this release's real engine: every exchange's greedy
-        tokens and log-probabilities equal transformers' with the patches, and the first GPT-OSS forwards on both ranks
-        took our attention path (and, on layout G, our MoE activation path), with the all-reduces captured into each
-        rank's graphs. Without the patches: the next test.
-        """
-        report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=8, startup_timeout=600,
-                               checkpoint_format="bf16-tp2", tensor_parallel_size=2)
-        serve_job.print_report(report)
-        assert report.started, report.log_tail
-        assert all(p["decision"] == "apply" for p in report.processes), report.processes
-        ranks = {u["pid"] for u in report.first_use if "Worker" in u["process"]}
-        assert len(ranks) == 2, report.first_use
-        for pid in ranks:
-            used = {(u["capability"], u["path"]) for u in report.first_use if u["pid"] == pid}
-            assert ("attention", "patched") in used, report.first_use
-            assert (("moe", "patched") in used) == (ROW.layout == "G"), report.first_use
-        assert any("PIECEWISE" in k for k in report.graph_captures), report.graph_captures
-        # per forward the embedding's all-reduce and, in each of the 4 layers, the attention output's and the MoE's (9),
-        # once per capture size (1, 2, 4): as in the patched cells (tests/cell/test_serve.py)
-        assert report.hccl_tasks == {pid: 9 * 3 for pid in ranks}, report.hccl_tasks
-        assert len(report.exchanges) == 6 and all(len(e.generated) == 8 for e in report.exchanges)
-        for e in report.exchanges:
-            assert e.generated == e.reference and e.max_logprob_diff <= serve_job.LOGPROB_TOLERANCE, \
-                (e.label, e.generated, e.reference, e.max_logprob_diff)
-        assert report.verify_ok and report.ok
+@pytest.mark.expensive(70)
+def test_main_job_tokens_equal_transformers_with_the_patch():
+    """The main job (PIECEWISE, tensor parallel 2: two worker processes of vLLM's multiprocessing executor, each
+    holding gpt-oss-120b's per-rank shapes at TP 8) through this release's real engine: every exchange's greedy
+    tokens and log-probabilities equal transformers' with the patches, with the all-reduces captured into each rank's
+    graphs. On layouts H and G the first GPT-OSS forwards on both ranks took our attention path (and, on G, our MoE
+    activation path); on layout I both ranks built GPT-OSS with ``attention.band_128_keys`` and upstream's forward
+    ran. Without the patches: the next test.
+    """
+    report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=8, startup_timeout=600,
+                           checkpoint_format="bf16-tp2", tensor_parallel_size=2)
+    serve_job.print_report(report)
+    assert report.started, report.log_tail
+    assert all(p["decision"] == "apply" for p in report.processes), report.processes
+    workers = {p["pid"] for p in report.processes if "Worker" in p["name"]}
+    assert len(workers) == 2 and set(report.built) >= workers, (report.processes, report.built)
+    for pid in workers:
+        assert set(matrix.LAYOUT_PATCHES[ROW.layout]) <= set(report.built[pid]), report.built
+        used = {(u["capability"], u["path"]) for u in report.first_use if u["pid"] == pid}
+        assert (("attention", "patched") in used) == (not matrix.native_attention(ROW)), report.first_use
+        assert (("moe", "patched") in used) == (ROW.layout == "G"), report.first_use
+    assert any("PIECEWISE" in k for k in report.graph_captures), report.graph_captures
+    # per forward the embedding's all-reduce and, in each of the 4 layers, the attention output's and the MoE's (9),
+    # once per capture size (1, 2, 4): as in the patched cells (tests/cell/test_serve.py)
+    assert report.hccl_tasks == {pid: 9 * 3 for pid in workers}, report.hccl_tasks
+    assert len(report.exchanges) == 6 and all(len(e.generated) == 8 for e in report.exchanges)
+    for e in report.exchanges:
+        assert e.generated == e.reference and e.max_logprob_diff <= serve_job.LOGPROB_TOLERANCE, \
+            (e.label, e.generated, e.reference, e.max_logprob_diff)
+    assert report.verify_ok and report.ok
 
+
+if not matrix.native_attention(ROW):  # layouts H and G: our attention runs the sink and sliding layers
     @pytest.mark.expensive(40)
     def test_main_job_without_the_patch_answers_other_tokens():
         """The same job without the patches (TP 1, eager). Upstream hands the fused operator its band-shaped swa_mask
@@ -93,25 +97,31 @@ if not matrix.native_attention(ROW):  # layouts H and G: our attention runs the 
         # layout H: exactly the 129-key band; layout G: not even that (upstream's MoE takes the wrong activation)
         assert ([e.generated for e in bare.exchanges] == band) == (ROW.layout == "H"), band
 
-if matrix.native_attention(ROW):  # 0.19.1rc1: upstream's own attention serves GPT-OSS, with its documented band
+if matrix.native_attention(ROW):  # layout I: upstream's own attention serves GPT-OSS, unpatched with its band
     @pytest.mark.expensive(70)
-    def test_main_job_serves_transformers_with_the_documented_129_key_band():
-        """Calibration through the real engine: the main job (PIECEWISE, tensor parallel 2, gpt-oss-120b's per-rank
-        shapes at TP 8) of this release, which runs GPT-OSS natively (validated on hardware upstream) and which the
-        matrix marks ``attention deviates``: its sliding layers take the fused operator's ``sparse_mode 4`` band of
-        ``pre_tokens + 1`` = 129 keys (docs/upstream.md §4.3). Every exchange's greedy tokens equal transformers'
-        float32 GPT-OSS with ``sliding_window: 129``, and the served log-probabilities are within LOGPROB_TOLERANCE
-        of that model; from GPT-OSS's own 128-key window they are far (every prompt is longer than 128 tokens).
+    def test_main_job_without_the_patch_serves_transformers_with_the_documented_129_key_band():
+        """Calibration through the real engine, and what layout I's patch changes: the same main job (PIECEWISE, tensor
+        parallel 2, gpt-oss-120b's per-rank shapes at TP 8) without gptoss-patch (``GPTOSS_PATCH_DISABLE=1`` +
+        ``GPTOSS_PATCH_ALLOW_UNPATCHED=1``). This release runs GPT-OSS natively (validated on hardware upstream); its
+        sliding layers take the fused operator's ``sparse_mode 4`` band of ``pre_tokens + 1`` = 129 keys
+        (docs/upstream.md §4.3). Every exchange's greedy tokens equal transformers' float32 GPT-OSS with
+        ``sliding_window: 129``, and the served log-probabilities are within LOGPROB_TOLERANCE of that model; from
+        GPT-OSS's own 128-key window they are far (every prompt is longer than 128 tokens) - where the patched run
+        (the test above) equals it.
 
         Upstream's ``BlockTable.compute_slot_mapping`` launches vLLM's Triton kernel ``_compute_slot_mapping_kernel``:
         the simulator emulates it (:mod:`gptoss_patch_testkit.npu_sim.triton_kernels`).
         """
         report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=8, startup_timeout=600,
-                               checkpoint_format="bf16-tp2", tensor_parallel_size=2, verify_server=False)
+                               checkpoint_format="bf16-tp2", tensor_parallel_size=2, verify_server=False,
+                               extra_env={"GPTOSS_PATCH_DISABLE": "1", "GPTOSS_PATCH_ALLOW_UNPATCHED": "1"})
+        print("--- the same job without gptoss-patch:")
         serve_job.print_report(report)
         assert report.started, report.log_tail
-        assert report.processes and all(p["decision"] == ROW.verdict for p in report.processes), report.processes
+        assert report.processes and all(p["decision"] == "disabled" for p in report.processes), report.processes
         assert not report.first_use, report.first_use  # nothing of ours runs: upstream's attention and MoE
+        assert not any(p for patches in report.built.values() for p in patches if p.startswith("attention.")), \
+            report.built
         assert any("PIECEWISE" in k for k in report.graph_captures), report.graph_captures
         assert len(report.exchanges) == 6 and all(len(e.generated) == 8 for e in report.exchanges)
         checkpoint = Path(report.command[4])  # [python, -m, vllm.entrypoints.cli.main, serve, CHECKPOINT, ...]

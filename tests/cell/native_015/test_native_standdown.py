@@ -44,9 +44,10 @@ print("RESULT " + json.dumps({"status": gptoss_patch.status().as_dict(), "wrappe
 """
 
 #: What each layout of a native row wraps among the child's targets: nothing (stand-down), the sink/window layers'
-#: ``forward_impl`` (H), and the MoE activation too (G).
+#: ``forward_impl`` (H), and the MoE activation too (G), the impl's construction (I: the 128-key band).
 WRAPPED = {None: [], "H": ["AscendAttentionBackendImpl.forward_impl"],
-           "G": ["AscendAttentionBackendImpl.forward_impl", "moe_mlp.unquant_apply_mlp"]}
+           "G": ["AscendAttentionBackendImpl.forward_impl", "moe_mlp.unquant_apply_mlp"],
+           "I": ["AscendAttentionBackendImpl.__init__"]}
 
 
 def _result(proc: subprocess.CompletedProcess) -> dict:
@@ -67,9 +68,12 @@ def test_fresh_interpreter_takes_the_rows_verdict_and_wraps_only_its_patches(cel
     if ROW.verdict == matrix.STAND_DOWN:
         assert "supports GPT-OSS natively" in st["reason"] and st["patches"] == []
     else:
-        assert ROW.layout in ("H", "G") and "is a tested release" in st["reason"]
+        assert ROW.layout in ("H", "G", "I") and "is a tested release" in st["reason"]
         want = [("attention.sink_window_forward_impl", "applied",
                  "vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.forward_impl")]
+        if ROW.layout == "I":
+            want = [("attention.band_128_keys", "applied",
+                     "vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.__init__")]
         if ROW.layout == "G":
             want.append(("moe.activation_name", "applied", "vllm_ascend.ops.fused_moe.moe_mlp:unquant_apply_mlp"))
         assert [(p["name"], p["state"], p["target"]) for p in st["patches"]] == want
