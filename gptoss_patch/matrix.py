@@ -102,18 +102,28 @@ LAYOUTS: dict[str, dict[str, str]] = {
     },
     # H = 0.15.0rc1, 0.16.0rc1: native GPT-OSS (sinks taken by __init__), but the sliding layers' fused call passes
     # swa_mask with sparse_mode 4 and admits 129 keys (docs/upstream.md §4.3, §4.4); forward_impl as in 0.12-0.14
+    # FULL_DECODE_ONLY: update_full_graph_params calls the staticmethod update_graph_params as on 0.14.0rc1 (F)
     "H": {
         "attention_impl_forward_impl": f"{_AA}:AscendAttentionBackendImpl.forward_impl",
+        "aclgraph_update_graph_params": f"{_AA}:AscendAttentionBackendImpl.update_graph_params",
     },
     # G = 0.17.0rc1, 0.18.0rc1, 0.18.0: layout H, and the MoE activation string compare is wrong with vLLM >= 0.17's
     # MoEActivation Enum (unified_apply_mlp calls unquant_apply_mlp through the module global)
     "G": {
         "attention_impl_forward_impl": f"{_AA}:AscendAttentionBackendImpl.forward_impl",
+        "aclgraph_update_graph_params": f"{_AA}:AscendAttentionBackendImpl.update_graph_params",
         "moe_unquant_apply_mlp": f"{_FM}.moe_mlp:unquant_apply_mlp",
     },
-    # I = 0.19.1rc1 ... 0.30.0rc2: upstream's sink path with the template mask (PR #8387), pre_tokens = the window
-    # (129 keys; docs/upstream.md §4.3): the impl's window is turned into pre_tokens where it is built
+    # I = 0.19.1rc1: upstream's sink path with the template mask (PR #8387), pre_tokens = the window (129 keys;
+    # docs/upstream.md §4.3): the impl's window is turned into pre_tokens where it is built; FULL_DECODE_ONLY captures
+    # every layer with full_graph_fia (FIA v1, no sinks; §4.2), updated by the staticmethod update_graph_params
     "I": {
+        "attention_impl_init": f"{_AA}:AscendAttentionBackendImpl.__init__",
+        "attention_impl_full_graph_fia": f"{_AA}:AscendAttentionBackendImpl.full_graph_fia",
+        "aclgraph_update_graph_params": f"{_AA}:AscendAttentionBackendImpl.update_graph_params",
+    },
+    # J = 0.20.2rc1 ... 0.30.0rc2: layout I's band; the graphs capture sink layers with full_graph_fia_v2 (PR #9165)
+    "J": {
         "attention_impl_init": f"{_AA}:AscendAttentionBackendImpl.__init__",
     },
 }
@@ -193,12 +203,19 @@ LAYOUT_PATCHES: dict[str, tuple[str, ...]] = {
     ),
     "H": (
         "attention.sink_window_forward_impl",
+        "attention_graph.update_graph_params",
     ),
     "G": (
         "attention.sink_window_forward_impl",
+        "attention_graph.update_graph_params",
         "moe.activation_name",
     ),
     "I": (
+        "attention.band_128_keys",
+        "attention_graph.capture_sinks",
+        "attention_graph.update_graph_params",
+    ),
+    "J": (
         "attention.band_128_keys",
     ),
 }
@@ -255,9 +272,20 @@ _C_GRAPH_NATIVE_BUG = Cap(REFUSED, "FULL_DECODE_ONLY capture of GPT-OSS attentio
                                    "--compilation-config '{\"cudagraph_mode\": \"PIECEWISE\"}' or upgrade")
 _C_BAND = Cap(PATCHED, "sliding layers take the TND band with sparse_mode 4 and pre_tokens = 128: 129 keys "
                        "where GPT-OSS attends 128 (docs/operators.md, calibration finding 2; every release up to "
-                       "0.30.0rc2); GPT-OSS's sliding impls are built with pre_tokens 127 (layout I)")
+                       "0.30.0rc2); GPT-OSS's sliding impls are built with pre_tokens 127 (layouts I, J)")
 #: vllm-ascend 0.15.0rc1 - 0.18.0 (layouts H, G): upstream's sliding layers are wrong twice; we route the layers with
 #: sinks or a window to the same fused call as on 0.12-0.14 (gptoss_patch.patches.attention ``_forward_impl``).
+#: vllm-ascend 0.15.0rc1 - 0.18.0 (layouts H, G): under FULL_DECODE_ONLY the layers with sinks or a window run our call
+#: (its capture is the one of 0.11-0.14), and the graph update re-issues it with each step's lengths.
+_C_GRAPH_PATCHED_015 = Cap(PATCHED, "upstream's FULL_DECODE_ONLY capture drops the sinks and the window "
+                                    "(full_graph_fia: FIA v1, sparse_mode 3; fixed by PR #9165 in 0.20.2rc1); the "
+                                    "sink and window layers are captured by our call and updated per step "
+                                    "(update_graph_params)")
+#: vllm-ascend 0.19.1rc1 (layout I): upstream's forward captures every layer with full_graph_fia; sink layers are
+#: captured by our call there instead.
+_C_GRAPH_PATCHED_019 = Cap(PATCHED, "upstream's FULL_DECODE_ONLY capture (full_graph_fia: FIA v1, sparse_mode 3) drops "
+                                    "the sinks and the window (fixed by PR #9165 in 0.20.2rc1); sink layers are "
+                                    "captured by our call there and updated per step (update_graph_params)")
 _C_SWA_PATCHED = Cap(PATCHED, "upstream's sliding layers pass swa_mask with sparse_mode 4 (not the template mask the "
                               "operator requires; fixed by PR #8387 in 0.19.1rc1) and admit 129 keys; layers with "
                               "sinks or a window run our fused call: template mask, 128-key band")
@@ -425,23 +453,27 @@ ROWS: tuple[Row, ...] = (
                                         "use an Atlas A2/A3 (910B/910C) card"), so=_C_SO_PIN)),
     Row("0.15.0rc1", "0.15.0", "2.9.0", "2.9.0", "8.5.0", APPLY, "H", True,
         "native GPT-OSS support (PR #5901); sliding-window attention patched (swa_mask, 129 keys)",
-        _native_caps(attention=_C_SWA_PATCHED)),
+        _native_caps(attention=_C_SWA_PATCHED, attention_graph=_C_GRAPH_PATCHED_015)),
     Row("0.16.0rc1", "0.16.0", "2.9.0", "2.9.0", "8.5.0", APPLY, "H", True,
         "native GPT-OSS support; sliding-window attention patched (swa_mask, 129 keys); vLLM 0.16.0 still passes "
-        "the MoE activation as a string", _native_caps(attention=_C_SWA_PATCHED)),
+        "the MoE activation as a string",
+        _native_caps(attention=_C_SWA_PATCHED, attention_graph=_C_GRAPH_PATCHED_015)),
     Row("0.17.0rc1", "0.17.0", "2.9.0", "2.9.0", "8.5.1", APPLY, "G", True,
         "sliding-window attention patched (swa_mask, 129 keys); MoE activation patched (vLLM 0.17 Enum vs "
-        "vllm-ascend string)", _native_caps(attention=_C_SWA_PATCHED, moe=_C_MOE_ENUM)),
+        "vllm-ascend string)",
+        _native_caps(attention=_C_SWA_PATCHED, attention_graph=_C_GRAPH_PATCHED_015, moe=_C_MOE_ENUM)),
     Row("0.18.0rc1", "0.18.0", "2.9.0", "2.9.0", "8.5.1", APPLY, "G", False,
         "sliding-window attention patched (swa_mask, 129 keys); MoE activation patched (vLLM 0.18 Enum vs "
-        "vllm-ascend string)", _native_caps(attention=_C_SWA_PATCHED, moe=_C_MOE_ENUM)),
+        "vllm-ascend string)",
+        _native_caps(attention=_C_SWA_PATCHED, attention_graph=_C_GRAPH_PATCHED_015, moe=_C_MOE_ENUM)),
     Row("0.18.0", "0.18.0", "2.9.0", "2.9.0", "8.5.1", APPLY, "G", True,
         "sliding-window attention patched (swa_mask, 129 keys); MoE activation patched (vLLM 0.18 Enum vs "
-        "vllm-ascend string)", _native_caps(attention=_C_SWA_PATCHED, moe=_C_MOE_ENUM)),
+        "vllm-ascend string)",
+        _native_caps(attention=_C_SWA_PATCHED, attention_graph=_C_GRAPH_PATCHED_015, moe=_C_MOE_ENUM)),
     Row("0.19.1rc1", "0.19.1", "2.9.0", "2.9.0", "8.5.1", APPLY, "I", True,
         "native GPT-OSS support (MoE activation fixed by PR #8465, swa_mask by PR #8387); sliding window patched "
-        "(129 keys)", _native_caps()),
-    *(Row(va, vv, "2.10.0", npu, cann, APPLY, "I", False, f"{note}; sliding window patched (129 keys)",
+        "(129 keys); FULL_DECODE_ONLY capture patched", _native_caps(attention_graph=_C_GRAPH_PATCHED_019)),
+    *(Row(va, vv, "2.10.0", npu, cann, APPLY, "J", False, f"{note}; sliding window patched (129 keys)",
           _native_caps(**{"attention_graph": _C_GRAPH_NATIVE,
                           "checkpoint_mxfp4": _C_MXFP4_UNCHECKED,
                           "context_parallel": _C_CP_025 if Version(va) >= Version("0.25.1rc1") else _C_CP,
@@ -476,8 +508,9 @@ def newest_row(rows: Sequence[Row] = ROWS) -> Row:
 
 
 def native_attention(row: Row | None) -> bool:
-    """True when upstream's own attention forward computes ``row``'s GPT-OSS layers: 0.19.1rc1 and later (layout I
-    only builds the sliding layers with GPT-OSS's band, ``attention.band_128_keys``); False where our forward runs
+    """True when upstream's own attention forward computes ``row``'s GPT-OSS layers: 0.19.1rc1 and later (layouts I
+    and J build the sliding layers with GPT-OSS's band, ``attention.band_128_keys``; I also captures the sink layers
+    for FULL_DECODE_ONLY graphs, which upstream's forward would capture without sinks); False where our forward runs
     them (0.11.0rc1 - 0.18.0: layouts B - G route the sink and sliding layers to our call)."""
     return (native_sinks(row) and row.caps["attention"].state != REFUSED
             and not any(p.startswith("attention.sink_window_forward") for p in LAYOUT_PATCHES.get(row.layout, ())))

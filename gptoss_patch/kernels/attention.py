@@ -143,6 +143,13 @@ def causal_template(dtype: torch.dtype, device: Any) -> torch.Tensor:
     return mask
 
 
+def model_window(impl: Any) -> int | None:
+    """The model's sliding window (keys, the current one included) of an attention impl: ``gptoss_window`` where
+    ``attention.band_128_keys`` (layouts I, J) stored the operator's ``pre_tokens`` in ``sliding_window``, else
+    ``sliding_window`` (128 or None). What :func:`band` takes."""
+    return getattr(impl, "gptoss_window", getattr(impl, "sliding_window", None))
+
+
 def band(sliding_window: int | None) -> tuple[int, int, int]:
     """``(sparse_mode, pre_tokens, next_tokens)`` for a layer: 3 (causal) or 4 with ``window − 1`` keys back.
 

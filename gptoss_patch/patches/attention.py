@@ -32,7 +32,7 @@ How
       ``forward_impl`` structure, but its sliding layers hand ``npu_fused_infer_attention_score_v2`` the band-shaped
       ``swa_mask`` with ``sparse_mode 4`` (not the template the operator requires; undocumented result) and
       ``pre_tokens = 128`` (129 keys; docs/upstream.md §4.3, §4.4). The same wrapper routes those layers to our call.
-    * 0.19.1rc1 - 0.30.0rc2 (``attention.band_128_keys`` alone, layout I): upstream's sink path is right but for the
+    * 0.19.1rc1 - 0.30.0rc2 (``attention.band_128_keys``, layouts I and J): upstream's sink path is right but for the
       band. Its impl uses ``self.sliding_window`` for nothing but the operator's ``pre_tokens`` (eager
       ``forward_fused_infer_attention``; from 0.20.2rc1 also the FULL_DECODE_ONLY capture ``full_graph_fia_v2`` and its
       per-step update, which copies the value into its parameters) and ``is not None`` / truth tests; with
@@ -44,7 +44,7 @@ How
 Upstream releases
     vllm-ascend 0.11.0rc1 ... 0.14.0rc1 (layouts B, C, E, F in :mod:`gptoss_patch.matrix`): the first three. 0.15.0rc1
     added the ``sinks`` parameter natively; ``keep_sinks``' structural check refuses a target that already has it.
-    0.15.0rc1 ... 0.18.0 (layouts H, G): ``sink_window_forward_impl``. 0.19.1rc1 ... 0.30.0rc2 (layout I; PR #8387
+    0.15.0rc1 ... 0.18.0 (layouts H, G): ``sink_window_forward_impl``. 0.19.1rc1 ... 0.30.0rc2 (layouts I, J; PR #8387
     gave the sliding call the template in 0.19.1rc1): ``band_128_keys``.
 Remove when
     upstream passes ``sliding_window - 1`` (or the oldest supported release does).
@@ -285,7 +285,7 @@ def sink_window_attend(impl: Any, layer_name: Any, query: Any, attn_metadata: An
 
 
 def _band_128_keys(wrapped, instance, args, kwargs):
-    """wrapt wrapper for ``AscendAttentionBackendImpl.__init__`` (vllm-ascend 0.19.1rc1 - 0.30.0rc2, layout I).
+    """wrapt wrapper for ``AscendAttentionBackendImpl.__init__`` (vllm-ascend 0.19.1rc1 - 0.30.0rc2, layouts I, J).
 
     Builds the impl, then, on a GPT-OSS sliding layer (while :data:`gptoss_patch._state.gpt_oss_building`, with a
     window and sinks), stores the operator's ``pre_tokens`` for that window as ``self.sliding_window``:

@@ -40,8 +40,8 @@ Cases and tolerances (all inputs bfloat16, the dtype GPT-OSS serves in; docs/ope
   tests/cell/test_moe.py states.
 * **graph** - FULL_DECODE_ONLY capture -> replay -> per-step parameter update equal to eager (:func:`_graph`), per
   operator path, through vllm-ascend's ``ACLGraphWrapper`` and the release's update entry point
-  (:mod:`gptoss_patch.selftest.graph`); patched rows (native rows refuse FULL_DECODE_ONLY for GPT-OSS up to
-  0.19.1rc1).
+  (:mod:`gptoss_patch.selftest.graph`); patched rows 0.11 - 0.14 (on 0.15.0rc1 - 0.19.1rc1 the same capture is
+  served end to end by the cells, tests/cell/native_015/test_native_serve.py, and not yet a self-test case).
 * **yarn** - the cos/sin cache of the YaRN rope built with GPT-OSS's ``rope_scaling`` (factor 32, beta 32/1, original
   4096, ``truncate: false``) at all 131072 positions, float32 (the cache dtype vLLM keeps for the rope); tolerance
   ``1e-5`` absolute (both sides evaluate ``cos(position * inv_freq) * mscale`` in float32; the rounded ramp of an
@@ -487,7 +487,8 @@ def _run_cases(result: SelfTest, native: bool, caps: dict) -> None:
         cfg, ckpt = n015.vllm_context(dtype="bfloat16")
         _native_moe(result.cases, cfg, ckpt)
         result.not_covered += ["YaRN of a native row (upstream's code; tests/cell/native_015 calibrates it)",
-                               "FULL_DECODE_ONLY (refused for GPT-OSS on this row, or upstream's own graph code)",
+                               "FULL_DECODE_ONLY (our capture on 0.15.0rc1 - 0.19.1rc1, served by the cells; "
+                               "upstream's own graph code from 0.20.2rc1)",
                                "the MoE padded to 368 (native rows keep bf16 experts in ND: no padding)"]
     else:
         paths = [p for p in (kernels.V2, kernels.LSE) if _path_available(torch_npu, p)]

@@ -66,7 +66,8 @@ def test_unpaired_vllm_needs_the_structural_check():
 
 def _standing_down(release: str = "0.19.1rc1") -> tuple[matrix.Row, ...]:
     """The table with ``release`` as a *stand-down* row - what a release whose native GPT-OSS needs no patch would
-    be (none does today: every native release admits 129 keys, layout I; the verdict stays for the day one does)."""
+    be (none does today: every native release admits 129 keys, layouts I and J; the verdict stays for the day one
+    does)."""
     import dataclasses
 
     return tuple(dataclasses.replace(r, verdict=STAND_DOWN, layout=None,
@@ -92,11 +93,14 @@ def test_015_to_018_apply_their_sliding_window_attention_patch(va):
     layout = "H" if va < "0.17" else "G"
     assert d.verdict == APPLY and d.row.layout == layout and matrix.native_sinks(d.row)
     assert not matrix.native_attention(d.row)
-    assert matrix.LAYOUT_PATCHES["H"] == ("attention.sink_window_forward_impl",)
-    assert matrix.LAYOUT_PATCHES["G"] == ("attention.sink_window_forward_impl", "moe.activation_name")
+    assert matrix.LAYOUT_PATCHES["H"] == ("attention.sink_window_forward_impl", "attention_graph.update_graph_params")
+    assert matrix.LAYOUT_PATCHES["G"] == ("attention.sink_window_forward_impl", "attention_graph.update_graph_params",
+                                          "moe.activation_name")
     att = d.row.caps["attention"]
     assert att.state == matrix.PATCHED and "swa_mask" in att.note and "129 keys" in att.note
-    assert d.row.caps["attention_graph"].state == matrix.REFUSED  # FULL_DECODE_ONLY stays refused (PR #9165)
+    # FULL_DECODE_ONLY: upstream's capture drops the sinks until PR #9165; our call is captured and updated instead
+    graph = d.row.caps["attention_graph"]
+    assert graph.state == matrix.PATCHED and "PR #9165" in graph.note
     moe = d.row.caps["moe"]
     assert (moe.state, "#8463" in moe.note) == ((matrix.PATCHED, True) if layout == "G" else (matrix.NATIVE, False))
     # an untested row, or a tested one with another vLLM build, applies only after the structural check
@@ -123,7 +127,8 @@ def test_every_row_has_every_capability_and_its_verdict_follows_from_them():
 def test_native_rows_list_what_is_still_wrong_upstream_in_that_release():
     early = decide("0.15.0rc1", "0.15.0", structural_check=compatible).gaps
     late = decide("0.19.1rc1", "0.19.1").gaps
-    assert any(g.startswith("attention_graph: refused") and "PIECEWISE" in g for g in early)
+    assert any(g.startswith("attention_graph: patched") and "PR #9165" in g for g in early)
+    assert any(g.startswith("attention_graph: patched") and "full_graph_fia" in g for g in late)
     assert any(g.startswith("quantized_moe: refused") for g in late)
     assert any(g.startswith("attention: patched") and "129 keys" in g and "pre_tokens 127" in g for g in late)
     assert not any(g.startswith("moe:") for g in early + late)  # native MoE
@@ -133,9 +138,14 @@ def test_native_rows_list_what_is_still_wrong_upstream_in_that_release():
                          ids=lambda r: r.vllm_ascend)
 def test_every_release_from_0191rc1_applies_the_128_key_band(row):
     """Issue 30: every native release hands its sliding layers pre_tokens = 128 (129 keys); from 0.19.1rc1 on nothing
-    else of its attention is ours, so the band is the one patch of layout I - and no release is left *deviates*."""
-    assert row.verdict == APPLY and row.layout == "I"
-    assert matrix.LAYOUT_PATCHES["I"] == ("attention.band_128_keys",)
+    else of its forward is ours, so the band is the one patch of layout J, and on 0.19.1rc1 (layout I) the other two
+    capture the sink layers for FULL_DECODE_ONLY graphs, which its forward captures without sinks (PR #9165 came in
+    0.20.2rc1) - and no release is left *deviates*."""
+    assert row.verdict == APPLY and row.layout == ("I" if row.vllm_ascend == "0.19.1rc1" else "J")
+    assert matrix.LAYOUT_PATCHES["I"] == ("attention.band_128_keys", "attention_graph.capture_sinks",
+                                          "attention_graph.update_graph_params")
+    assert matrix.LAYOUT_PATCHES["J"] == ("attention.band_128_keys",)
+    assert row.caps["attention_graph"].state == (matrix.PATCHED if row.layout == "I" else matrix.NATIVE)
     assert row.caps["attention"].state == matrix.PATCHED and matrix.native_attention(row)
     assert matrix.DEVIATES not in {c.state for c in row.caps.values()}
 
@@ -300,7 +310,7 @@ def test_0191rc1_lists_exactly_the_remaining_native_gaps():
     assert [g.split(":")[0] for g in d.gaps] == ["attention", "attention_graph", "quantized_moe", "checkpoint_mxfp4",
                                                  "atlas_310p", "paged_attention_shapes", "context_parallel"]
     assert d.gaps[0].startswith("attention: patched") and "swa_mask" not in d.gaps[0]  # PR #8387 is in 0.19.1rc1
-    assert d.gaps[1].startswith("attention_graph: refused") and "PR #9165" in d.gaps[1]
+    assert d.gaps[1].startswith("attention_graph: patched") and "PR #9165" in d.gaps[1]
 
 
 def test_the_release_checklist_names_what_exists():

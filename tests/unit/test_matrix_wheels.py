@@ -49,7 +49,7 @@ UNTESTED_APPLY = [r for r in matrix.ROWS if r.verdict == matrix.APPLY and not r.
 
 @pytest.mark.parametrize("row", UNTESTED_APPLY, ids=[r.vllm_ascend for r in UNTESTED_APPLY])
 def test_untested_row_wheel_passes_the_structural_check_of_its_tested_row(row):
-    """Judged against the tested row of its series, or - a series no cell runs (0.20 - 0.30, layout I) - against its
+    """Judged against the tested row of its series, or - a series no cell runs (0.20 - 0.30, layout J) - against its
     own layout: its wheel (or sdist) has every target of the layout, with the defect the patch fixes."""
     d = _decide(row.vllm_ascend, row.vllm)
     assert d["verdict"] == matrix.APPLY, d

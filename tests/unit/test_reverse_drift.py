@@ -115,8 +115,10 @@ def cp_no_sinks(tree: Path) -> bool:
 
 #: defect check -> (capability, the row's capability states under which the defect must be present)
 DEFECTS = {
-    "graph_drops_sinks": (graph_drops_sinks, "attention_graph", lambda cap: cap.state == matrix.REFUSED),
-    # deviates where upstream's band runs (0.19.1rc1 on), patched where our call replaces it (layouts H, G)
+    # refused where upstream's forward captures (0.19.1rc1), patched where our call is captured (layouts H, G)
+    "graph_drops_sinks": (graph_drops_sinks, "attention_graph",
+                          lambda cap: cap.state in (matrix.REFUSED, matrix.PATCHED)),
+    # patched on every native row: our call replaces upstream's (layouts H, G), our pre_tokens upstream's (layouts I, J)
     "band_129": (band_129, "attention", lambda cap: "129 keys" in cap.note),
     "swa_mask": (swa_mask, "attention", lambda cap: "swa_mask" in cap.note),
     "quant_moe_wrong": (quant_moe_wrong, "quantized_moe", lambda cap: cap.state == matrix.REFUSED),
@@ -190,12 +192,12 @@ def window_uses_outside_pre_tokens(tree: Path) -> list[str]:
     return strange
 
 
-LAYOUT_I_ROWS = [r for r in matrix.ROWS if r.layout == "I"]
+LAYOUT_I_ROWS = [r for r in matrix.ROWS if r.layout in ("I", "J")]
 
 
 @pytest.mark.parametrize("row", LAYOUT_I_ROWS, ids=[r.vllm_ascend for r in LAYOUT_I_ROWS])
 def test_the_window_is_only_pre_tokens_where_the_band_patch_stores_window_minus_1(row):
-    """``attention.band_128_keys`` (layout I) builds GPT-OSS's sliding impls with ``self.sliding_window = 127``: exact
+    """``attention.band_128_keys`` (layouts I, J) builds GPT-OSS's sliding impls with ``self.sliding_window = 127``: exact
     only if every use of the window in the release's attention impl is ``pre_tokens`` (or a None / truth test, which
     127 passes as 128 does) - checked line by line - and the band itself is still upstream's 129 keys."""
     from gptoss_patch_testkit.release_source import release_tree

@@ -40,7 +40,7 @@ def test_matrix_json_has_typed_values():
     assert rows["0.11.0"]["patched"] is True and rows["0.11.0"]["layout"] == "B"
     assert rows["0.15.0rc1"]["patched"] is True and rows["0.15.0rc1"]["layout"] == "H"
     assert rows["0.19.1rc1"]["patched"] is True and rows["0.19.1rc1"]["covered"] is True
-    assert rows["0.19.1rc1"]["layout"] == "I" and rows["0.11.0rc0"]["layout"] is None  # not the table's "-"
+    assert rows["0.19.1rc1"]["layout"] == "I" and rows["0.23.0"]["layout"] == "J" and rows["0.11.0rc0"]["layout"] is None  # not the table's "-"
     assert rows["0.11.0rc0"]["covered"] is False and rows["0.11.0rc0"]["verdict"] == "refuse"
     # "covered" only for what ran here (issue 32): an apply or stand-down row no cell runs is judged from sources
     assert rows["0.11.0"]["covered"] is True and rows["0.11.0"]["judged_from_sources"] is False

@@ -255,6 +255,7 @@ def capture_decode(impl: Any, layer_name: str | None, query: Any, output: Any, a
     if check_update is not None:
         check_update(name, size)
     sinks = impl.sinks
+    window = kernels.model_window(impl)
     path = kernels.graph_path(sinks is not None)
     q_cu, kv = _capture_lengths(attn_metadata, size)
     block_table = attn_metadata.block_tables
@@ -268,14 +269,13 @@ def capture_decode(impl: Any, layer_name: str | None, query: Any, output: Any, a
     else:
         lse = torch.empty(1, dtype=torch.float32, device=query.device)
     geometry = dict(block_table=block_table, query_cu_lens=q_cu, kv_lens=kv, num_heads=n, num_kv_heads=kvn,
-                    scale=impl.scale, sinks=sinks, sliding_window=impl.sliding_window)
-    ws_key = (size, path, n, kvn, d, query.dtype, block_size, impl.sliding_window is not None, sinks is not None)
+                    scale=impl.scale, sinks=sinks, sliding_window=window)
+    ws_key = (size, path, n, kvn, d, query.dtype, block_size, window is not None, sinks is not None)
     workspace = _workspace(gp, ws_key, lambda: kernels.max_workspace(path, query, key, value, **geometry))
 
     launch = kernels.fia_kwargs(path, block_table=block_table, block_size=block_size, query_cu_lens=q_cu, kv_lens=kv,
                                 num_heads=n, num_kv_heads=kvn, scale=impl.scale, sinks=sinks,
-                                sliding_window=impl.sliding_window, mask=kernels.causal_template(torch.int8,
-                                                                                                 query.device))
+                                sliding_window=window, mask=kernels.causal_template(torch.int8, query.device))
     stream = torch_npu.npu.current_stream()
     event = torch.npu.ExternalEvent()
     event.wait(stream)
@@ -288,7 +288,7 @@ def capture_decode(impl: Any, layer_name: str | None, query: Any, output: Any, a
     record = GptOssAttnParams(
         layer_name=name, capture_size=size, path=path, query=_weak(query), key_cache=_weak(key),
         value_cache=_weak(value), block_table=block_table, query_cu_lens=q_cu, seq_lens=kv, sinks=sinks,
-        sliding_window=impl.sliding_window, scale=impl.scale, num_heads=n, num_kv_heads=kvn, output=_weak(output),
+        sliding_window=window, scale=impl.scale, num_heads=n, num_kv_heads=kvn, output=_weak(output),
         softmax_lse=lse, workspace=workspace, launch=launch, block_size=block_size,
         max_blocks=int(block_table.shape[1]))
     gp.events[size].append(event)

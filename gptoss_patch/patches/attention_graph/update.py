@@ -71,7 +71,8 @@ from typing import Any, Callable
 
 from gptoss_patch.fingerprint import split_target
 from gptoss_patch.registry import PatchSpec
-from gptoss_patch.patches.attention_graph.capture import AclGraphCaptureError, AclGraphUpdateError, GptOssAttnParams, _acl_graph
+from gptoss_patch.patches.attention_graph.capture import (AclGraphCaptureError, AclGraphUpdateError, GptOssAttnParams,
+                                                          _acl_graph, capture_decode, layer_name_of)
 
 PATCH_NAME = "attention_graph.update_attn_params"
 
@@ -253,7 +254,7 @@ def update_entry_points(layout: str) -> list[tuple[str, Any]]:
     names = set(matrix.LAYOUT_PATCHES.get(layout, ()))
     for spec in PATCHES:
         target = matrix.LAYOUTS[layout].get(spec.target_key)
-        if spec.name not in names or target is None:
+        if spec.name not in names or target is None or spec.wrapper is not _update_attn_params:  # not an update
             continue
         live = _live_attribute(target)
         places.append((target, live[2] if live else None))
@@ -297,6 +298,32 @@ def is_patched(fn: Any) -> bool:
     return False
 
 
+def _full_graph_fia(wrapped, instance, args, kwargs):
+    """wrapt wrapper for vllm-ascend 0.19.1rc1's ``AscendAttentionBackendImpl.full_graph_fia(query, key, value,
+    attn_metadata, output, layer=None) -> (output, num_tokens)`` (layout I, ``attention_graph.capture_sinks``).
+
+    Upstream's FULL_DECODE_ONLY capture (``forward_fused_infer_attention`` sends every layer here while capturing)
+    launches FIA v1 with ``sparse_mode 3`` and neither sinks nor a window, and its ``update_graph_params`` re-issues
+    the same (docs/upstream.md §4.2). A layer with sinks is captured by :func:`capture_decode` instead - our call
+    with ``learnable_sink`` and the 128-key band (the model's window, :func:`gptoss_patch.kernels.attention.
+    model_window`) over the paged cache upstream's ``forward`` has just written (``self.key_cache``), into
+    ``output`` - and ``attention_graph.update_graph_params`` re-issues it with each step's lengths. Layers without
+    sinks run upstream's code. Shapes: ``query`` ``[T, N, D]`` (T = the capture size), ``output`` ``[T, N, D]``;
+    returns ``(output, T)`` like upstream.
+    """
+    if getattr(instance, "sinks", None) is None:
+        return wrapped(*args, **kwargs)
+    query, attn_metadata, output = _bind_full_graph_fia(*args, **kwargs)
+    n, d = instance.num_heads, instance.head_size
+    capture_decode(instance, layer_name_of(instance), query.view(-1, n, d), output.view(-1, n, d), attn_metadata,
+                   check_update=check_update_patched)
+    return output, int(query.shape[0])
+
+
+def _bind_full_graph_fia(query, key, value, attn_metadata, output, layer=None):
+    return query, attn_metadata, output
+
+
 _SUMMARY = ("FULL_DECODE_ONLY graphs re-issue GPT-OSS sink/window attention with each step's lengths, records "
             "paired with layers by name")
 
@@ -317,11 +344,20 @@ PATCHES = [
         rebind_keys=("model_runner_module", "aclgraph_eagle_proposer_module"),
         summary=_SUMMARY,
     ),
-    PatchSpec(  # 0.14.0rc1 (F): the staticmethod update_full_graph_params dispatches to
+    PatchSpec(  # 0.14.0rc1 (F), 0.15.0rc1 - 0.19.1rc1 (H, G, I): the staticmethod update_full_graph_params calls
         name="attention_graph.update_graph_params",
         target_key="aclgraph_update_graph_params",
         wrapper=_update_attn_params,
         params=("update_stream", "forward_context", "num_tokens", "vllm_config"),
         summary=_SUMMARY,
+    ),
+    PatchSpec(  # 0.19.1rc1 (I): upstream's own forward sends every captured layer to full_graph_fia (FIA v1, no sinks)
+        name="attention_graph.capture_sinks",
+        target_key="attention_impl_full_graph_fia",
+        wrapper=_full_graph_fia,
+        params=("query", "key", "value", "attn_metadata", "output"),
+        defect_absent=("learnable_sink",),
+        summary="FULL_DECODE_ONLY captures GPT-OSS's sink layers with our updatable call instead of FIA v1 without "
+                "sinks",
     ),
 ]

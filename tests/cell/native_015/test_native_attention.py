@@ -102,7 +102,9 @@ def test_calibration_runs_upstream_attention_untouched(cfg):
     0.18.0) only ``forward_impl`` is wrapped (``attention.sink_window_forward_impl``) - ``run_native_forward(...,
     upstream=True)`` binds upstream's original on the calibrated impl, checked here to reach upstream's fused call;
     on layout I (0.19.1rc1) only ``__init__`` (``attention.band_128_keys``), which leaves an impl built outside a
-    GPT-OSS model - the calibration's (``make_impl(..., gpt_oss=False)``) - with upstream's window."""
+    GPT-OSS model - the calibration's (``make_impl(..., gpt_oss=False)``) - with upstream's window. Besides, the
+    FULL_DECODE_ONLY graph patches: ``update_graph_params`` (H, G, I) and ``full_graph_fia`` (I), which an eager
+    forward never calls."""
     import wrapt
 
     import gptoss_patch
@@ -120,7 +122,10 @@ def test_calibration_runs_upstream_attention_untouched(cfg):
     assert [p.name for p in status.patches] == want and all(p.state == "applied" for p in status.patches)
     ours = [p.target for p in status.patches if p.target.startswith("vllm_ascend.attention")]
     wrapped = {"H": "forward_impl", "G": "forward_impl", "I": "__init__"}[ROW.layout]
-    assert ours == [f"vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.{wrapped}"]
+    # FULL_DECODE_ONLY capture (I) and update (H, G, I): graph mode only, never on the calibration's eager forward
+    graph = {"H": ["update_graph_params"], "G": ["update_graph_params"],
+             "I": ["full_graph_fia", "update_graph_params"]}[ROW.layout]
+    assert ours == [f"vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.{m}" for m in [wrapped, *graph]]
     for name in ("__init__", "forward", "forward_impl", "forward_fused_infer_attention"):
         assert is_wrapped(aa.AscendAttentionBackendImpl.__dict__[name]) == (name == wrapped), name
     calibrated = n015.make_impl(cfg, num_heads=N, num_kv_heads=KVN, sliding_window=WINDOW, sinks=_sinks(),

@@ -1,9 +1,10 @@
 """``vllm serve`` on a natively supporting release, through vLLM's real engine and vllm-ascend's real NPUWorker on the
 simulated NPU.
 
-* FULL_DECODE_ONLY, which these rows refuse (the graph path drops the sinks up to 0.19.1rc1, vllm-ascend PR #9165),
-  stops at start-up - in the engine-core process, while the model is built - with the guard's message naming the
-  capability and the setting that avoids it, and the server never answers.
+* FULL_DECODE_ONLY: upstream's graph path drops the sinks up to 0.19.1rc1 (vllm-ascend PR #9165). On layouts H and G
+  (0.15.0rc1 - 0.18.0) our call is captured and updated instead: served at TP 2, the tokens equal transformers' (and on
+  0.15.0rc1, unpatched, they do not). 0.19.1rc1 refuses it at start-up - in the engine-core process, while the model is
+  built - with the guard's message naming the capability and the setting that avoids it; the server never answers.
 * Layouts H and G (0.15.0rc1 - 0.18.0): the main job (PIECEWISE, tensor parallel 2) answers with transformers'
   tokens with the patches. Without them (``GPTOSS_PATCH_DISABLE=1`` + ``GPTOSS_PATCH_ALLOW_UNPATCHED=1``) the first
   prefill would hand the simulated operator what its documentation excludes - upstream's ``swa_mask`` with sparse_mode
@@ -29,16 +30,47 @@ from gptoss_patch_testkit.jobs import serve_job
 WORKDIR = Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job"
 
 
-@pytest.mark.expensive(30)
-def test_native_full_decode_only_is_refused_at_startup():
-    assert ROW.caps["attention_graph"].state == matrix.REFUSED  # every native cell row (0.15.0rc1 ... 0.19.1rc1)
-    report = serve_job.run(WORKDIR, mode="FULL_DECODE_ONLY", max_tokens=4, startup_timeout=600)
-    assert not report.started and not report.exchanges
-    log = report.log_text
-    assert "refusing to build a GPT-OSS model on vllm-ascend" in log, report.log_tail
-    assert "attention_graph" in log and "PIECEWISE" in log, report.log_tail
-    engine = [p for p in report.processes if p["name"].startswith("EngineCore")]
-    assert engine and all(p["decision"] == ROW.verdict for p in engine), report.processes
+if ROW.caps["attention_graph"].state == matrix.REFUSED:  # no cell row since issue 30 (0.15.0rc1 - 0.19.1rc1 patched)
+    @pytest.mark.expensive(30)
+    def test_native_full_decode_only_is_refused_at_startup():
+        report = serve_job.run(WORKDIR, mode="FULL_DECODE_ONLY", max_tokens=4, startup_timeout=600)
+        assert not report.started and not report.exchanges
+        log = report.log_text
+        assert "refusing to build a GPT-OSS model on vllm-ascend" in log, report.log_tail
+        assert "attention_graph" in log and "PIECEWISE" in log, report.log_tail
+        engine = [p for p in report.processes if p["name"].startswith("EngineCore")]
+        assert engine and all(p["decision"] == ROW.verdict for p in engine), report.processes
+else:  # layouts H, G, I: our call is captured, attention_graph.update_graph_params re-issues it every step
+    @pytest.mark.expensive(70)
+    def test_full_decode_only_tensor_parallel_2_tokens_equal_transformers():
+        """FULL_DECODE_ONLY ACL graphs at tensor parallel 2 (issue 30: upstream's capture drops the sinks and the window
+        up to PR #9165): every decode step of every exchange replays a captured graph whose GPT-OSS attention is our
+        call - captured by our forward (layouts H, G) or, where upstream's forward runs (layout I), by
+        ``attention_graph.capture_sinks`` in its ``full_graph_fia`` - re-issued with the step's lengths by
+        ``attention_graph.update_graph_params``; the greedy tokens and
+        log-probabilities equal transformers', and both ranks' graphs hold their all-reduces. Without the patches:
+        the next test (0.15.0rc1)."""
+        report = serve_job.run(WORKDIR, mode="FULL_DECODE_ONLY", max_tokens=8, startup_timeout=600,
+                               checkpoint_format="bf16-tp2", tensor_parallel_size=2, verify_server=False)
+        serve_job.print_report(report)
+        assert report.started, report.log_tail
+        assert all(p["decision"] == "apply" for p in report.processes), report.processes
+        workers = {p["pid"] for p in report.processes if "Worker" in p["name"]}
+        assert len(workers) == 2 and set(report.built) >= workers, (report.processes, report.built)
+        for pid in workers:
+            assert "attention_graph.update_graph_params" in report.built[pid], report.built
+            assert set(matrix.LAYOUT_PATCHES[ROW.layout]) <= set(report.built[pid]), report.built
+            assert (("attention", "patched") in {(u["capability"], u["path"]) for u in report.first_use
+                                                 if u["pid"] == pid}) == (not matrix.native_attention(ROW)), \
+                report.first_use
+        assert any("FULL" in k and n == 3 for k, n in report.graph_captures.items()), report.graph_captures
+        assert report.npu_graphs.get("captures", 0) >= 3 and report.npu_graphs.get("replays", 0) >= 4, \
+            report.npu_graphs
+        assert report.hccl_tasks == {pid: 9 * 3 for pid in workers}, report.hccl_tasks
+        assert len(report.exchanges) == 6 and all(len(e.generated) == 8 for e in report.exchanges)
+        for e in report.exchanges:
+            assert e.generated == e.reference and e.max_logprob_diff <= serve_job.LOGPROB_TOLERANCE, \
+                (e.label, e.generated, e.reference, e.max_logprob_diff)
 
 
 @pytest.mark.expensive(70)
@@ -96,6 +128,32 @@ if not matrix.native_attention(ROW):  # layouts H and G: our attention runs the 
         band = serve_job.greedy_under(Path(bare.command[4]), bare.exchanges, serve_job.sliding_window(129))
         # layout H: exactly the 129-key band; layout G: not even that (upstream's MoE takes the wrong activation)
         assert ([e.generated for e in bare.exchanges] == band) == (ROW.layout == "H"), band
+
+if ROW.vllm_ascend == "0.15.0rc1":  # the negative control once: a server start per cell would cost CI minutes
+    @pytest.mark.expensive(60)
+    def test_full_decode_only_without_the_patch_loses_the_sinks():
+        """The job above without gptoss-patch (``GPTOSS_PATCH_DISABLE=1`` + ``GPTOSS_PATCH_ALLOW_UNPATCHED=1``, and the
+        template fault so that the prefill runs: see the eager test above). Upstream captures its decode attention with
+        ``full_graph_fia`` - FIA v1, ``sparse_mode 3``, no sinks, no window (docs/upstream.md §4.2) - so the replayed
+        decode steps compute another attention than the eager path of the same release: the tokens are neither
+        transformers' nor those of the release's own eager band (transformers with 129 keys, which the eager run
+        above equals on this layout)."""
+        bare = serve_job.run(WORKDIR, mode="FULL_DECODE_ONLY", max_tokens=8, startup_timeout=600,
+                             checkpoint_format="bf16-tp2", tensor_parallel_size=2, verify_server=False,
+                             extra_env={"GPTOSS_PATCH_DISABLE": "1", "GPTOSS_PATCH_ALLOW_UNPATCHED": "1",
+                                        **faults.env("swa_mask_as_template")})
+        print("--- the same job without gptoss-patch:")
+        serve_job.print_report(bare)
+        assert bare.started and not bare.first_use, (bare.log_tail, bare.first_use)
+        assert any("FULL" in k for k in bare.graph_captures), bare.graph_captures
+        assert len(bare.exchanges) == 6 and all(len(e.generated) == 8 for e in bare.exchanges), bare.request_error
+        differ = [e.label for e in bare.exchanges if e.generated != e.reference]
+        band = serve_job.greedy_under(Path(bare.command[4]), bare.exchanges, serve_job.sliding_window(129))
+        not_band = [e.label for e, b in zip(bare.exchanges, band) if e.generated != b]
+        print(f"unpatched FULL_DECODE_ONLY: {len(differ)} of 6 differ from transformers, {len(not_band)} of 6 from the "
+              f"release's eager 129-key band: {not_band}")
+        assert len(differ) >= 3 and not_band, [(e.label, e.generated, e.reference) for e in bare.exchanges]
+
 
 if matrix.native_attention(ROW):  # layout I: upstream's own attention serves GPT-OSS, unpatched with its band
     @pytest.mark.expensive(70)

@@ -48,6 +48,8 @@ print("RESULT " + json.dumps({"status": gptoss_patch.status().as_dict(), "wrappe
 WRAPPED = {None: [], "H": ["AscendAttentionBackendImpl.forward_impl"],
            "G": ["AscendAttentionBackendImpl.forward_impl", "moe_mlp.unquant_apply_mlp"],
            "I": ["AscendAttentionBackendImpl.__init__"]}
+#: ``update_graph_params`` (layouts H and G's ``attention_graph.update_graph_params``) is a staticmethod the child does
+#: not list among its targets; its state is in ``want`` below.
 
 
 def _result(proc: subprocess.CompletedProcess) -> dict:
@@ -70,10 +72,16 @@ def test_fresh_interpreter_takes_the_rows_verdict_and_wraps_only_its_patches(cel
     else:
         assert ROW.layout in ("H", "G", "I") and "is a tested release" in st["reason"]
         want = [("attention.sink_window_forward_impl", "applied",
-                 "vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.forward_impl")]
+                 "vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.forward_impl"),
+                ("attention_graph.update_graph_params", "applied",
+                 "vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.update_graph_params")]
         if ROW.layout == "I":
             want = [("attention.band_128_keys", "applied",
-                     "vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.__init__")]
+                     "vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.__init__"),
+                    ("attention_graph.capture_sinks", "applied",
+                     "vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.full_graph_fia"),
+                    ("attention_graph.update_graph_params", "applied",
+                     "vllm_ascend.attention.attention_v1:AscendAttentionBackendImpl.update_graph_params")]
         if ROW.layout == "G":
             want.append(("moe.activation_name", "applied", "vllm_ascend.ops.fused_moe.moe_mlp:unquant_apply_mlp"))
         assert [(p["name"], p["state"], p["target"]) for p in st["patches"]] == want
