@@ -30,47 +30,48 @@ from gptoss_patch_testkit.jobs import serve_job
 WORKDIR = Path(os.environ.get("GPTOSS_PATCH_CACHE_DIR", "/tmp/gptoss_patch-cache")) / "main-job"
 
 
-if ROW.caps["attention_graph"].state == matrix.REFUSED:  # no cell row since issue 30 (0.15.0rc1 - 0.19.1rc1 patched)
-    @pytest.mark.expensive(30)
-    def test_native_full_decode_only_is_refused_at_startup():
-        report = serve_job.run(WORKDIR, mode="FULL_DECODE_ONLY", max_tokens=4, startup_timeout=600)
-        assert not report.started and not report.exchanges
-        log = report.log_text
-        assert "refusing to build a GPT-OSS model on vllm-ascend" in log, report.log_tail
-        assert "attention_graph" in log and "PIECEWISE" in log, report.log_tail
-        engine = [p for p in report.processes if p["name"].startswith("EngineCore")]
-        assert engine and all(p["decision"] == ROW.verdict for p in engine), report.processes
-else:  # layouts H, G, I: our call is captured, attention_graph.update_graph_params re-issues it every step
-    @pytest.mark.expensive(70)
-    def test_full_decode_only_tensor_parallel_2_tokens_equal_transformers():
-        """FULL_DECODE_ONLY ACL graphs at tensor parallel 2 (issue 30: upstream's capture drops the sinks and the window
-        up to PR #9165): every decode step of every exchange replays a captured graph whose GPT-OSS attention is our
-        call - captured by our forward (layouts H, G) or, where upstream's forward runs (layout I), by
-        ``attention_graph.capture_sinks`` in its ``full_graph_fia`` - re-issued with the step's lengths by
-        ``attention_graph.update_graph_params``; the greedy tokens and
-        log-probabilities equal transformers', and both ranks' graphs hold their all-reduces. Without the patches:
-        the next test (0.15.0rc1)."""
-        report = serve_job.run(WORKDIR, mode="FULL_DECODE_ONLY", max_tokens=8, startup_timeout=600,
-                               checkpoint_format="bf16-tp2", tensor_parallel_size=2, verify_server=False)
-        serve_job.print_report(report)
-        assert report.started, report.log_tail
-        assert all(p["decision"] == "apply" for p in report.processes), report.processes
-        workers = {p["pid"] for p in report.processes if "Worker" in p["name"]}
-        assert len(workers) == 2 and set(report.built) >= workers, (report.processes, report.built)
-        for pid in workers:
-            assert "attention_graph.update_graph_params" in report.built[pid], report.built
-            assert set(matrix.LAYOUT_PATCHES[ROW.layout]) <= set(report.built[pid]), report.built
-            assert (("attention", "patched") in {(u["capability"], u["path"]) for u in report.first_use
-                                                 if u["pid"] == pid}) == (not matrix.native_attention(ROW)), \
-                report.first_use
-        assert any("FULL" in k and n == 3 for k, n in report.graph_captures.items()), report.graph_captures
-        assert report.npu_graphs.get("captures", 0) >= 3 and report.npu_graphs.get("replays", 0) >= 4, \
-            report.npu_graphs
-        assert report.hccl_tasks == {pid: 9 * 3 for pid in workers}, report.hccl_tasks
-        assert len(report.exchanges) == 6 and all(len(e.generated) == 8 for e in report.exchanges)
-        for e in report.exchanges:
-            assert e.generated == e.reference and e.max_logprob_diff <= serve_job.LOGPROB_TOLERANCE, \
-                (e.label, e.generated, e.reference, e.max_logprob_diff)
+def _patched_tp2_checks(report: serve_job.ServeReport, capture_kind: str) -> None:
+    """What every patched TP 2 run of this file shows: both workers built GPT-OSS with the layout's patches in force,
+    took our attention path where our forward runs (layouts H, G) and our MoE activation path on G, captured
+    ``capture_kind`` graphs holding their all-reduces (per forward the embedding's and, in each of the 4 layers, the
+    attention output's and the MoE's: 9, once per capture size 1, 2, 4, as in tests/cell/test_serve.py), and answered
+    every exchange with transformers' greedy tokens and log-probabilities."""
+    serve_job.print_report(report)
+    assert report.started, report.log_tail
+    assert all(p["decision"] == "apply" for p in report.processes), report.processes
+    workers = {p["pid"] for p in report.processes if "Worker" in p["name"]}
+    assert len(workers) == 2 and set(report.built) >= workers, (report.processes, report.built)
+    for pid in workers:
+        assert set(matrix.LAYOUT_PATCHES[ROW.layout]) <= set(report.built[pid]), report.built
+        used = {(u["capability"], u["path"]) for u in report.first_use if u["pid"] == pid}
+        assert (("attention", "patched") in used) == (not matrix.native_attention(ROW)), report.first_use
+        assert (("moe", "patched") in used) == (ROW.layout == "G"), report.first_use
+    assert any(capture_kind in k and n == 3 for k, n in report.graph_captures.items()), report.graph_captures
+    assert report.hccl_tasks == {pid: 9 * 3 for pid in workers}, report.hccl_tasks
+    assert len(report.exchanges) == 6 and all(len(e.generated) == 8 for e in report.exchanges)
+    for e in report.exchanges:
+        assert e.generated == e.reference and e.max_logprob_diff <= serve_job.LOGPROB_TOLERANCE, \
+            (e.label, e.generated, e.reference, e.max_logprob_diff)
+
+
+@pytest.mark.expensive(70)
+def test_full_decode_only_tensor_parallel_2_tokens_equal_transformers():
+    """FULL_DECODE_ONLY ACL graphs at tensor parallel 2 (issue 30: upstream's capture drops the sinks and the window
+    up to PR #9165): every decode step of every exchange replays a captured graph whose GPT-OSS attention is our
+    call - captured by our forward (layouts H, G) or, where upstream's forward runs (layout I), by
+    ``attention_graph.capture_sinks`` in its ``full_graph_fia`` - re-issued with the step's lengths by
+    ``attention_graph.update_graph_params``; the greedy tokens and
+    log-probabilities equal transformers', and both ranks' graphs hold their all-reduces. Without the patches:
+    the next test (0.15.0rc1)."""
+    # layouts H, G, I: our call is captured, attention_graph.update_graph_params re-issues it every step
+    assert ROW.caps["attention_graph"].state == matrix.PATCHED
+    report = serve_job.run(WORKDIR, mode="FULL_DECODE_ONLY", max_tokens=8, startup_timeout=600,
+                           checkpoint_format="bf16-tp2", tensor_parallel_size=2, verify_server=False)
+    _patched_tp2_checks(report, "FULL")
+    assert "attention_graph.update_graph_params" in matrix.LAYOUT_PATCHES[ROW.layout]
+    # the decode steps were answered from replayed NPU graphs
+    assert report.npu_graphs.get("captures", 0) >= 3 and report.npu_graphs.get("replays", 0) >= 4, \
+        report.npu_graphs
 
 
 @pytest.mark.expensive(70)
@@ -84,24 +85,7 @@ def test_main_job_tokens_equal_transformers_with_the_patch():
     """
     report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=8, startup_timeout=600,
                            checkpoint_format="bf16-tp2", tensor_parallel_size=2)
-    serve_job.print_report(report)
-    assert report.started, report.log_tail
-    assert all(p["decision"] == "apply" for p in report.processes), report.processes
-    workers = {p["pid"] for p in report.processes if "Worker" in p["name"]}
-    assert len(workers) == 2 and set(report.built) >= workers, (report.processes, report.built)
-    for pid in workers:
-        assert set(matrix.LAYOUT_PATCHES[ROW.layout]) <= set(report.built[pid]), report.built
-        used = {(u["capability"], u["path"]) for u in report.first_use if u["pid"] == pid}
-        assert (("attention", "patched") in used) == (not matrix.native_attention(ROW)), report.first_use
-        assert (("moe", "patched") in used) == (ROW.layout == "G"), report.first_use
-    assert any("PIECEWISE" in k for k in report.graph_captures), report.graph_captures
-    # per forward the embedding's all-reduce and, in each of the 4 layers, the attention output's and the MoE's (9),
-    # once per capture size (1, 2, 4): as in the patched cells (tests/cell/test_serve.py)
-    assert report.hccl_tasks == {pid: 9 * 3 for pid in workers}, report.hccl_tasks
-    assert len(report.exchanges) == 6 and all(len(e.generated) == 8 for e in report.exchanges)
-    for e in report.exchanges:
-        assert e.generated == e.reference and e.max_logprob_diff <= serve_job.LOGPROB_TOLERANCE, \
-            (e.label, e.generated, e.reference, e.max_logprob_diff)
+    _patched_tp2_checks(report, "PIECEWISE")
     assert report.verify_ok and report.ok
 
 
