@@ -240,6 +240,7 @@ CAPABILITIES: dict[str, str] = {
     "context_parallel": "attention under prefill / decode context parallelism (--prefill-context-parallel-size, "
                         "--decode-context-parallel-size > 1)",
     "structured_outputs": "structured outputs (json_schema, tool_choice required / named) batched with plain requests",
+    "model_runner_v2": "GPT-OSS under vllm-ascend's model runner v2 (VLLM_USE_V2_MODEL_RUNNER=1)",
 }
 
 NATIVE = "native"
@@ -337,8 +338,17 @@ _C_SO_PIN = Cap(NATIVE, "vLLM's apply_grammar_bitmask passes a tensor of indices
                         "xgrammar>=0.1.30, which takes it (PR #6151; verify warns about an older one)")
 
 
+#: Model runner v2 (``vllm_ascend/worker/v2``, from 0.13.0rc1; selected by ``VLLM_USE_V2_MODEL_RUNNER=1``, off by
+#: default in every release, read by vllm-ascend's worker directly; docs/upstream.md §4.14).
+_C_MRV2 = Cap(REFUSED, "model runner v2 (vllm_ascend/worker/v2) has never run GPT-OSS here: gptoss-patch hooks the v1 "
+                       "runner's attention, graph and MoE paths, and the v2 runner never sets the forward context's "
+                       "sinks flag that the graph update reads (0.20.2rc1 on); serve without VLLM_USE_V2_MODEL_RUNNER "
+                       "(the default v1 runner)")
+_C_NO_MRV2 = Cap(NATIVE, "no model runner v2 in this release: the variable selects nothing")
+
+
 def _patched_caps(p310: Cap = _C_310P, bf16: Cap = Cap(NATIVE), cp: Cap = _C_CP,
-                  so: Cap = _C_SO_OWN) -> dict[str, Cap]:
+                  so: Cap = _C_SO_OWN, mrv2: Cap = _C_MRV2) -> dict[str, Cap]:
     """Capabilities of an *apply* row of layouts B-F (vllm-ascend 0.11-0.14)."""
     return {
         "attention": Cap(PATCHED, "sinks dropped and the window honoured in one path only upstream"),
@@ -353,6 +363,7 @@ def _patched_caps(p310: Cap = _C_310P, bf16: Cap = Cap(NATIVE), cp: Cap = _C_CP,
         "paged_attention_shapes": Cap(PATCHED, "sink and window layers take our attention path in every state"),
         "context_parallel": cp,
         "structured_outputs": so,
+        "model_runner_v2": mrv2,
     }
 
 
@@ -371,6 +382,7 @@ def _native_caps(**changes: Cap) -> dict[str, Cap]:
         "paged_attention_shapes": _C_PA_SHAPES,
         "context_parallel": _C_CP,
         "structured_outputs": _C_SO_PIN,
+        "model_runner_v2": _C_MRV2,
     }
     caps.update(changes)
     return caps
@@ -424,17 +436,17 @@ ROWS: tuple[Row, ...] = (
         "different architecture (Attention class replaced wholesale, MoE method monkey-patched onto vLLM's)"),
     Row("0.11.0rc1", "0.11.0", "2.7.1", "2.7.1", "8.3.RC1", APPLY, "B", False,
         "same layout as 0.11.0 (every target passes the structural check, read from the wheel)",
-        _patched_caps(bf16=_C_BF16_EP_011, cp=_C_CP_011)),
+        _patched_caps(bf16=_C_BF16_EP_011, cp=_C_CP_011, mrv2=_C_NO_MRV2)),
     Row("0.11.0rc2", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", False,
         "same layout as 0.11.0 (every target passes the structural check, read from the wheel)",
-        _patched_caps(bf16=_C_BF16_EP_011, cp=_C_CP_011)),
+        _patched_caps(bf16=_C_BF16_EP_011, cp=_C_CP_011, mrv2=_C_NO_MRV2)),
     Row("0.11.0rc3", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", False,
         "same layout as 0.11.0 (every target passes the structural check, read from the wheel)",
-        _patched_caps(bf16=_C_BF16_EP_011, cp=_C_CP_011)),
+        _patched_caps(bf16=_C_BF16_EP_011, cp=_C_CP_011, mrv2=_C_NO_MRV2)),
     Row("0.11.0", "0.11.0", "2.7.1", "2.7.1", "8.3.RC2", APPLY, "B", True,
-        "GPT-OSS patches applied (see verify for the list)", _patched_caps(bf16=_C_BF16_EP_011, cp=_C_CP_011)),
+        "GPT-OSS patches applied (see verify for the list)", _patched_caps(bf16=_C_BF16_EP_011, cp=_C_CP_011, mrv2=_C_NO_MRV2)),
     Row("0.12.0rc1", "0.12.0", "2.8.0", "2.8.0", "8.3.RC2", APPLY, "C", True,
-        "GPT-OSS patches applied (see verify for the list)", _patched_caps()),
+        "GPT-OSS patches applied (see verify for the list)", _patched_caps(mrv2=_C_NO_MRV2)),
     Row("0.13.0rc1", "0.13.0", "2.8.0", "2.8.0", "8.3.RC2", APPLY, "E", False,
         "judged against 0.13.0 (every target passes the structural check, read from the wheel)",
         _patched_caps(so=_C_SO_TENSOR)),
@@ -844,6 +856,7 @@ REFUSED_WHEN: dict[str, str] = {
     "atlas_310p": "an Atlas 300I Duo (310P)",
     "paged_attention_shapes": "`additional_config.pa_shape_list` with FULL_DECODE_ONLY graphs",
     "context_parallel": "prefill or decode context parallelism above 1",
+    "model_runner_v2": "model runner v2 (`VLLM_USE_V2_MODEL_RUNNER=1`)",
 }
 
 #: For each capability that a row can refuse: the setting that avoids the refusal (README "What is refused"; the guard's
@@ -858,6 +871,7 @@ AVOIDS: dict[str, str] = {
     "atlas_310p": "serve on Atlas A2 / A3",
     "paged_attention_shapes": "remove `pa_shape_list` from `--additional-config`",
     "context_parallel": "serve with `--prefill-context-parallel-size 1 --decode-context-parallel-size 1` (the default)",
+    "model_runner_v2": "unset `VLLM_USE_V2_MODEL_RUNNER` (the v1 runner, the default)",
 }
 
 

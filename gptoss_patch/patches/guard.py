@@ -198,6 +198,7 @@ def refused_in_use(capabilities: dict, vllm_config: Any) -> list[str]:
                                            f"{_full_decode_graphs(vllm_config)}"
                                            if _pa_shapes(vllm_config) and _full_decode_graphs(vllm_config) else None),
         "context_parallel": lambda: _context_parallel(vllm_config),
+        "model_runner_v2": _model_runner_v2,
     }
     lines = []
     for name, cap in capabilities.items():
@@ -207,6 +208,22 @@ def refused_in_use(capabilities: dict, vllm_config: Any) -> list[str]:
         if used:
             lines.append(f"{name}: {cap.get('note', '')} (in use: {used})")
     return lines
+
+
+def _model_runner_v2() -> str | None:
+    """``VLLM_USE_V2_MODEL_RUNNER=<value>`` when the variable selects vllm-ascend's model runner v2, else None.
+
+    vLLM parses it as ``bool(int(value))`` (``vllm/envs.py``, 0.13 - 0.19) and vllm-ascend's worker reads that
+    (``worker/worker.py``; from 0.27.1rc1 its ``patch_use_v2_model_runner`` makes ``VllmConfig.use_v2_model_runner``
+    the variable alone). A value ``int()`` cannot read - which vLLM itself rejects - counts as in use, so the guard
+    names it rather than guessing."""
+    value = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip()
+    if not value:
+        return None
+    try:
+        return f"VLLM_USE_V2_MODEL_RUNNER={value}" if int(value) else None
+    except ValueError:
+        return f"VLLM_USE_V2_MODEL_RUNNER={value}"
 
 
 def _mxfp4(model_config: Any) -> bool:

@@ -81,3 +81,18 @@ def test_a_vllm_without_the_context_parallel_fields_counts_them_as_1():
     assert refused_in_use(caps("0.19.1rc1"), cfg) == []
     cfg.parallel_config = SimpleNamespace(decode_context_parallel_size=2)  # only the field this vLLM has
     assert names(refused_in_use(caps("0.11.0"), cfg)) == ["context_parallel"]
+
+
+@pytest.mark.parametrize("value,in_use", [("1", True), ("0", False), ("", False), ("true", True)])
+def test_model_runner_v2_is_refused_where_the_release_has_it(monkeypatch, value, in_use):
+    """``VLLM_USE_V2_MODEL_RUNNER`` as vLLM parses it (``bool(int(value))``; a value it cannot parse is named, not
+    guessed): refused from 0.13.0rc1 (vllm_ascend/worker/v2) on, named with the setting; 0.11 / 0.12 have no v2
+    runner, so the variable selects nothing there."""
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", value)
+    for release in ("0.13.0", "0.19.1rc1", "0.30.0rc2"):
+        lines = refused_in_use(caps(release), config())
+        assert names(lines) == (["model_runner_v2"] if in_use else []), (release, lines)
+        if in_use:
+            assert f"(in use: VLLM_USE_V2_MODEL_RUNNER={value})" in lines[0] and "VLLM_USE_V2_MODEL_RUNNER" in \
+                lines[0].split("(in use")[0]
+    assert refused_in_use(caps("0.11.0"), config()) == refused_in_use(caps("0.12.0rc1"), config()) == []

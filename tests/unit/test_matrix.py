@@ -308,7 +308,8 @@ def test_other_pre_releases_of_a_refused_series_are_not_caught_by_the_refused_ro
 def test_0191rc1_lists_exactly_the_remaining_native_gaps():
     d = decide("0.19.1rc1", "0.19.1")
     assert [g.split(":")[0] for g in d.gaps] == ["attention", "attention_graph", "quantized_moe", "checkpoint_mxfp4",
-                                                 "atlas_310p", "paged_attention_shapes", "context_parallel"]
+                                                 "atlas_310p", "paged_attention_shapes", "context_parallel",
+                                                 "model_runner_v2"]
     assert d.gaps[0].startswith("attention: patched") and "swa_mask" not in d.gaps[0]  # PR #8387 is in 0.19.1rc1
     assert d.gaps[1].startswith("attention_graph: patched") and "PR #9165" in d.gaps[1]
 

@@ -38,15 +38,17 @@ def forget_cp():
         getattr(getattr(attention_utils, name, None), "cache_clear", lambda: None)()
 
 
+import os
 out = {}
-for label, extra in json.loads(sys.argv[1]).items():
-    forget_cp()
+
+
+def build(label, extra):
     try:
         conf = EngineArgs(model=ckpt, dtype="float32", max_model_len=1024, skip_tokenizer_init=True,
                           block_size=n.BLOCK_SIZE, **extra).create_engine_config()
     except Exception as exc:  # vLLM's own validation of the configuration
         out[label] = {"mode": None, "result": "config " + type(exc).__name__ + ": " + str(exc)}
-        continue
+        return
     mode = conf.compilation_config.cudagraph_mode
     with set_current_vllm_config(conf):
         try:
@@ -62,6 +64,18 @@ for label, extra in json.loads(sys.argv[1]).items():
         out[label]["impl"] = impl.__qualname__
         out[label]["impl_mentions_sinks"] = "sink" in inspect.getsource(inspect.getmodule(impl))
         out[label]["impl_overrides_forward_impl"] = "forward_impl" in impl.__dict__
+
+
+for label, extra in json.loads(sys.argv[1]).items():
+    forget_cp()
+    env = extra.pop("env", {})  # read while the model is built (the guard: VLLM_USE_V2_MODEL_RUNNER)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        build(label, extra)
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 print("GUARD-RESULT " + json.dumps(out))
 """
 
@@ -74,6 +88,8 @@ CONFIGS = {
     # TP-1 world of this process never has to hold a TP-2 model
     "decode_context_parallel": {"compilation_config": {"cudagraph_mode": "PIECEWISE"}, "tensor_parallel_size": 2,
                                 "decode_context_parallel_size": 2},
+    # vllm-ascend's model runner v2 (every native release has one): refused before the build, named
+    "model_runner_v2": {"compilation_config": {"cudagraph_mode": "PIECEWISE"}, "env": {"VLLM_USE_V2_MODEL_RUNNER": "1"}},
 }
 
 
@@ -113,3 +129,12 @@ def test_context_parallelism_is_refused_at_start_up(built):
     assert out["impl_overrides_forward_impl"] and not out["impl_mentions_sinks"]
     piecewise = built["piecewise"]
     assert piecewise["impl"] == "AscendAttentionBackendImpl" and piecewise["impl_mentions_sinks"]
+
+
+def test_model_runner_v2_is_refused_at_start_up_naming_the_variable(built):
+    """``VLLM_USE_V2_MODEL_RUNNER=1`` (docs/upstream.md §4.14): the same PIECEWISE build that succeeds with the v1 runner
+    (test above) stops before the model is built, naming the capability and the variable to unset."""
+    result = built["model_runner_v2"]["result"]
+    assert result.startswith("GptOssNotPatchedError: refusing to build a GPT-OSS model"), result
+    assert "refused: model_runner_v2" in result and "(in use: VLLM_USE_V2_MODEL_RUNNER=1)" in result, result
+    assert built["piecewise"]["result"] == "built"
