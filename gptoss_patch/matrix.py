@@ -340,10 +340,10 @@ _C_SO_PIN = Cap(NATIVE, "vLLM's apply_grammar_bitmask passes a tensor of indices
 
 #: Model runner v2 (``vllm_ascend/worker/v2``, from 0.13.0rc1; selected by ``VLLM_USE_V2_MODEL_RUNNER=1``, off by
 #: default in every release, read by vllm-ascend's worker directly; docs/upstream.md §4.14).
-_C_MRV2 = Cap(REFUSED, "model runner v2 (vllm_ascend/worker/v2) has never run GPT-OSS here: gptoss-patch hooks the v1 "
-                       "runner's attention, graph and MoE paths, and the v2 runner never sets the forward context's "
-                       "sinks flag that the graph update reads (0.20.2rc1 on); serve without VLLM_USE_V2_MODEL_RUNNER "
-                       "(the default v1 runner)")
+_C_MRV2 = Cap(REFUSED, "model runner v2 (vllm_ascend/worker/v2) was not checked with GPT-OSS here: gptoss-patch hooks "
+                       "the v1 runner's attention, graph and MoE paths, the forward context and backend name follow "
+                       "the variable, and the v2 runner never sets the sinks flag that the graph update reads (0.20.2rc1 "
+                       "on); serve without VLLM_USE_V2_MODEL_RUNNER (the default v1 runner)")
 _C_NO_MRV2 = Cap(NATIVE, "no model runner v2 in this release: the variable selects nothing")
 
 

@@ -289,9 +289,10 @@ def _band_128_keys(wrapped, instance, args, kwargs):
 
     Builds the impl, then, on a GPT-OSS sliding layer (while :data:`gptoss_patch._state.gpt_oss_building`, with a
     window and sinks), stores the operator's ``pre_tokens`` for that window as ``self.sliding_window``:
-    ``window - 1`` (127 for GPT-OSS's 128 keys; :func:`gptoss_patch.kernels.attention.band`), because every use of
-    the attribute in these releases is ``pre_tokens=`` of a ``sparse_mode 4`` call or a None / truth test (module
-    docstring). The model's window stays readable as ``self.gptoss_window``. Other layers are untouched.
+    ``window - 1`` (127 for GPT-OSS's 128 keys; :func:`gptoss_patch.kernels.attention.band`), because on every path
+    a layer with sinks can take in these releases the attribute is ``pre_tokens=`` of a ``sparse_mode 4`` call or a
+    None / truth test (module docstring; 0.19.1rc1's sink-less BSH decode ``_forward_fia_slidingwindow`` is never
+    reached with sinks). The model's window stays readable as ``self.gptoss_window``. Other layers are untouched.
 
     Raises:
         ValueError: a GPT-OSS window below 2 (``pre_tokens`` 0 would read as "no window" in upstream's truth tests;
@@ -310,6 +311,37 @@ def _band_128_keys(wrapped, instance, args, kwargs):
         instance.gptoss_window = window
         instance.sliding_window = band(window)[1]
     return result
+
+
+def band_problems(model: Any) -> list[str]:
+    """GPT-OSS sliding layers of a built model whose impl is not on GPT-OSS's band (layouts I, J; the guard's check
+    after the build, :func:`gptoss_patch.patches.guard.check_runs`).
+
+    Every attention impl with sinks and a window (``impl.sliding_window`` not None) must hold the model's window
+    (``model.config.sliding_window``, 128) as ``gptoss_window`` and ``window - 1`` as ``sliding_window``: an impl built
+    outside the guard's build (the flag unset), or a window vLLM passed otherwise than the config's, is named.
+
+    Args:
+        model: the built ``GptOssForCausalLM`` (``named_modules()``; vLLM's attention layers hold the impl as
+            ``impl``; ``config`` the HF config).
+
+    Returns:
+        One line per layer off the band; empty when every sliding layer is on it.
+    """
+    window = getattr(getattr(model, "config", None), "sliding_window", None)
+    if window is None or not hasattr(model, "named_modules"):
+        return []
+    problems = []
+    for name, sub in model.named_modules():
+        impl = getattr(sub, "impl", None)
+        if impl is None or getattr(impl, "sinks", None) is None or getattr(impl, "sliding_window", None) is None:
+            continue
+        got = (getattr(impl, "gptoss_window", None), impl.sliding_window)
+        if got != (window, window - 1):
+            problems.append(f"attention.band_128_keys: layer {name} holds sliding_window {impl.sliding_window} "
+                            f"(gptoss_window {got[0]}) where GPT-OSS's {window}-key band needs pre_tokens "
+                            f"{window - 1}: its fused calls would attend {impl.sliding_window + 1} keys")
+    return problems
 
 
 def _decode_only() -> Any:

@@ -198,7 +198,7 @@ def refused_in_use(capabilities: dict, vllm_config: Any) -> list[str]:
                                            f"{_full_decode_graphs(vllm_config)}"
                                            if _pa_shapes(vllm_config) and _full_decode_graphs(vllm_config) else None),
         "context_parallel": lambda: _context_parallel(vllm_config),
-        "model_runner_v2": _model_runner_v2,
+        "model_runner_v2": lambda: _model_runner_v2(vllm_config),
     }
     lines = []
     for name, cap in capabilities.items():
@@ -210,20 +210,28 @@ def refused_in_use(capabilities: dict, vllm_config: Any) -> list[str]:
     return lines
 
 
-def _model_runner_v2() -> str | None:
-    """``VLLM_USE_V2_MODEL_RUNNER=<value>`` when the variable selects vllm-ascend's model runner v2, else None.
+def _model_runner_v2(vllm_config: Any = None) -> str | None:
+    """What selects vllm-ascend's model runner v2 for this configuration, or None.
 
-    vLLM parses it as ``bool(int(value))`` (``vllm/envs.py``, 0.13 - 0.19) and vllm-ascend's worker reads that
-    (``worker/worker.py``; from 0.27.1rc1 its ``patch_use_v2_model_runner`` makes ``VllmConfig.use_v2_model_runner``
-    the variable alone). A value ``int()`` cannot read - which vLLM itself rejects - counts as in use, so the guard
-    names it rather than guessing."""
+    * ``VLLM_USE_V2_MODEL_RUNNER``: vLLM parses it as ``bool(int(value))`` (``vllm/envs.py``, 0.13 - 0.19), and
+      vllm-ascend's worker (``worker/worker.py``), forward context and backend name read it; a value ``int()`` cannot
+      read - which vLLM itself rejects - counts as in use, so the guard names it rather than guessing.
+    * ``VllmConfig.use_v2_model_runner`` (vLLM >= 0.23, read by vllm-ascend's worker from 0.23.0rc1): in vLLM it may
+      select v2 without the variable (per model or feature); from 0.27.1rc1 vllm-ascend's
+      ``patch_use_v2_model_runner`` makes it the variable alone. A property that raises counts as not set.
+    """
     value = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip()
-    if not value:
-        return None
+    if value:
+        try:
+            if int(value):
+                return f"VLLM_USE_V2_MODEL_RUNNER={value}"
+        except ValueError:
+            return f"VLLM_USE_V2_MODEL_RUNNER={value}"
     try:
-        return f"VLLM_USE_V2_MODEL_RUNNER={value}" if int(value) else None
-    except ValueError:
-        return f"VLLM_USE_V2_MODEL_RUNNER={value}"
+        selected = getattr(vllm_config, "use_v2_model_runner", None) is True
+    except Exception:  # noqa: BLE001 - a half-built configuration: the variable above is what the worker reads then
+        selected = False
+    return "VllmConfig.use_v2_model_runner (vLLM selected model runner v2 for this model)" if selected else None
 
 
 def _mxfp4(model_config: Any) -> bool:
@@ -368,10 +376,14 @@ def check_runs(model: Any, status: Any) -> None:
     problems = unpatched_in_use(model, status.patches) + unpatched_functions(status.patches, status.layout)
     if (getattr(status, "capabilities", {}) or {}).get("atlas_310p", {}).get("state") == "refused":
         problems += p310_in_use(model)
+    if any(p.name == "attention.band_128_keys" and p.state == "applied" for p in status.patches):
+        from gptoss_patch.patches.attention import band_problems
+
+        problems += band_problems(model)
     if problems:
         raise GptOssNotPatchedError("\n".join([
-            "refusing to serve GPT-OSS: the patches are applied, but some layers run a subclass that bypasses them "
-            "(wrong outputs):", *(f"  {p}" for p in problems),
+            "refusing to serve GPT-OSS: the patches are applied, but some layers bypass them - a subclass of the "
+            "patched class, or an impl built outside them (wrong outputs):", *(f"  {p}" for p in problems),
             "  what to do: use the default attention backend and MoE method of vllm-ascend on an Atlas A2/A3 "
             "(910B/910C) card; `python -m gptoss_patch.verify` lists the patches."]))
 

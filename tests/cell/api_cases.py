@@ -26,7 +26,8 @@ def report():
 @pytest.mark.expensive(60)
 @pytest.mark.parametrize("prop", api_job.PROPERTIES)
 def test_api(report, prop):
-    assert report.problems(prop) == []
+    problems = report.problems(prop)
+    assert problems == [], "\n".join(problems)  # in full: a truncated diff hides which piece differs
 
 
 if openai_reference.available():  # gpt-oss: in the 0.11.0 cell only (the demo's; noxfile OPENAI_REFERENCE_STEP)

@@ -96,3 +96,21 @@ def test_model_runner_v2_is_refused_where_the_release_has_it(monkeypatch, value,
             assert f"(in use: VLLM_USE_V2_MODEL_RUNNER={value})" in lines[0] and "VLLM_USE_V2_MODEL_RUNNER" in \
                 lines[0].split("(in use")[0]
     assert refused_in_use(caps("0.11.0"), config()) == refused_in_use(caps("0.12.0rc1"), config()) == []
+
+
+def test_model_runner_v2_selected_by_vllm_config_is_refused_too(monkeypatch):
+    """vLLM >= 0.23 may select v2 without the variable (``VllmConfig.use_v2_model_runner``), which vllm-ascend's worker
+    reads from 0.23.0rc1: refused as well; a property that raises counts as not set."""
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER", raising=False)
+    cfg = config()
+    cfg.use_v2_model_runner = True
+    lines = refused_in_use(caps("0.26.0rc1"), cfg)
+    assert names(lines) == ["model_runner_v2"] and "VllmConfig.use_v2_model_runner" in lines[0]
+
+    class Raising(SimpleNamespace):
+        @property
+        def use_v2_model_runner(self):
+            raise AttributeError("model_config not set")
+
+    raising = Raising(**vars(config()))
+    assert refused_in_use(caps("0.26.0rc1"), raising) == []

@@ -168,27 +168,41 @@ def test_the_moe_string_compare_is_patched_where_vllm_passes_an_enum(row):
 #: ``attention.band_128_keys`` stores ``window - 1`` in ``self.sliding_window``; that is exact only while no other use
 #: exists (a value used as a length or a cache size would then be one short).
 WINDOW_USES = tuple(re.compile(p) for p in (
-    r'pre_tokens"?\s*[=:]\s*(self\.)?sliding_window( if (self\.)?sliding_window is not None else SWA_INT_MAX)?,?$',
+    r'(?<!\w)"?pre_tokens"?\s*[=:]\s*(self\.)?sliding_window( if (self\.)?sliding_window is not None else '
+    r"SWA_INT_MAX)?,?$",
     r"^pre_tokens = self\.sliding_window or SWA_INT_MAX$",
     r"(self\.)?sliding_window is (not )?None",
-    r"\b(if|or) (not )?(self\.)?sliding_window\b(?! is)",
+    r"\bif (not )?(self\.)?sliding_window( else\b|:$)",  # 4 if self.sliding_window else 3; if not sliding_window:
+    r"\bor not (self\.)?sliding_window:$",
     r"^sliding_window: int \| None,?$",
     r"^self\.sliding_window = sliding_window$",
-    r"^(self\.)?sliding_window,$",
     r'hf_text_config, "sliding_window"',
     r"FIAParamProvider\(self\._layer_name, self\.sliding_window,",  # 0.29.0rc1+: read only as `not self.sliding_window`
 ))
+#: A line holding only ``(self.)sliding_window,`` is an element of the graph parameters (stored at capture, unpacked
+#: by the update into a local ``sliding_window`` that the forms above cover) or ``FIAParamProvider``'s second argument
+#: - known by the line before it; anywhere else (a multi-line call such as ``cdiv(self.sliding_window, ...)``) it is
+#: a use this check does not know.
+PASSED_ON_AFTER = ("scale,", "self.scale,", "next_tokens,", "self._layer_name,")
 
 
 def window_uses_outside_pre_tokens(tree: Path) -> list[str]:
-    """The lines of ``attention_v1.py`` that use ``sliding_window`` in none of the :data:`WINDOW_USES` forms."""
-    strange = []
+    """The lines of ``attention_v1.py`` that use ``sliding_window`` in none of the :data:`WINDOW_USES` forms, and the
+    lines of the other ``vllm_ascend`` files that read an impl's window otherwise than in a None test."""
+    strange, before = [], ""
     for line in _text(tree, "vllm_ascend/attention/attention_v1.py").splitlines():
         rest = line.strip()
+        if re.fullmatch(r"(self\.)?sliding_window,", rest) and before in PASSED_ON_AFTER:
+            rest = ""
         for pattern in WINDOW_USES:
             rest = pattern.sub("", rest)
         if "sliding_window" in rest:
             strange.append(line.strip())
+        before = line.strip() or before
+    for path in sorted(tree.glob("vllm_ascend/**/*.py")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if re.search(r"\bimpl\.sliding_window\b(?! is (not )?None)", line):
+                strange.append(f"{path.relative_to(tree)}: {line.strip()}")
     return strange
 
 
@@ -210,9 +224,27 @@ def test_the_window_is_only_pre_tokens_where_the_band_patch_stores_window_minus_
     assert band_129(tree), row.vllm_ascend
 
 
-def test_the_window_check_names_a_use_it_does_not_know(tmp_path):
-    """Broken on purpose: a window used as a length is named (the check is not a pattern that matches anything)."""
+@pytest.mark.parametrize("use", [
+    "blocks = cdiv(self.sliding_window, block_size)",
+    "n = max_len or self.sliding_window",
+    "max_pre_tokens = self.sliding_window",
+    "blocks = cdiv(\n    self.sliding_window,\n    block_size)",
+    "if self.sliding_window > 64:",
+], ids=["length", "or-value", "other-name", "multi-line-argument", "comparison"])
+def test_the_window_check_names_a_use_it_does_not_know(tmp_path, use):
+    """Broken on purpose: a window used as a value is named (the check is not a pattern that matches anything), while
+    the known forms beside it pass."""
     (tmp_path / "vllm_ascend" / "attention").mkdir(parents=True)
-    (tmp_path / "vllm_ascend" / "attention" / "attention_v1.py").write_text(
-        "pre_tokens=self.sliding_window,\nblocks = cdiv(self.sliding_window, block_size)\n")
-    assert window_uses_outside_pre_tokens(tmp_path) == ["blocks = cdiv(self.sliding_window, block_size)"]
+    known = ("pre_tokens=self.sliding_window,\nsparse_mode = 4 if self.sliding_window else 3\n"
+             "            self.scale,\n            self.sliding_window,\n")
+    (tmp_path / "vllm_ascend" / "attention" / "attention_v1.py").write_text(known + use + "\n")
+    strange = window_uses_outside_pre_tokens(tmp_path)
+    assert len(strange) == 1 and "sliding_window" in strange[0], strange
+
+
+def test_the_window_check_reads_an_impls_window_in_other_files(tmp_path):
+    (tmp_path / "vllm_ascend" / "attention").mkdir(parents=True)
+    (tmp_path / "vllm_ascend" / "attention" / "attention_v1.py").write_text("pre_tokens=self.sliding_window,\n")
+    (tmp_path / "vllm_ascend" / "attention" / "utils.py").write_text(
+        "ok = impl.sliding_window is None\nsize = impl.sliding_window + 1\n")
+    assert window_uses_outside_pre_tokens(tmp_path) == ["vllm_ascend/attention/utils.py: size = impl.sliding_window + 1"]

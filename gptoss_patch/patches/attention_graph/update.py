@@ -308,10 +308,13 @@ def _full_graph_fia(wrapped, instance, args, kwargs):
     with ``learnable_sink`` and the 128-key band (the model's window, :func:`gptoss_patch.kernels.attention.
     model_window`) over the paged cache upstream's ``forward`` has just written (``self.key_cache``), into
     ``output`` - and ``attention_graph.update_graph_params`` re-issues it with each step's lengths. Layers without
-    sinks run upstream's code. Shapes: ``query`` ``[T, N, D]`` (T = the capture size), ``output`` ``[T, N, D]``;
-    returns ``(output, T)`` like upstream.
+    sinks, and every layer in a process that built no GPT-OSS model (:data:`gptoss_patch._state.gpt_oss_built`), run
+    upstream's code. Shapes: ``query`` ``[T, N, D]`` (T = the capture size), ``output`` ``[T, N, D]``; returns
+    ``(output, T)`` like upstream.
     """
-    if getattr(instance, "sinks", None) is None:
+    from gptoss_patch import _state
+
+    if getattr(instance, "sinks", None) is None or not _state.gpt_oss_built:  # other models: upstream's capture
         return wrapped(*args, **kwargs)
     query, attn_metadata, output = _bind_full_graph_fia(*args, **kwargs)
     n, d = instance.num_heads, instance.head_size

@@ -266,6 +266,11 @@ def chat_item(client, item: dict, **extra) -> ChatResult:
     return res
 
 
+#: Streamed runs of one item before its check fails (see ``run_checks``' ``stream``: vLLM's harmony streaming parser
+#: with multi-token deltas, vllm#27641 / vllm#31501).
+STREAM_ATTEMPTS = 3
+
+
 def stream_item(client, item: dict) -> dict:
     """The first turn of ``item`` streamed: concatenated reasoning, content and tool-call name/arguments."""
     from gptoss_patch.selftest import harmony
@@ -339,20 +344,31 @@ def run_checks(report: ApiReport, client, url: str, items: list[dict]) -> None:
             return problem is None, f"{content}{' - ' + problem if problem else ''}"
         return fn
 
+    def non_streamed(item, whole):
+        if item["meta"]["kind"] == "tool":
+            r = client.chat.completions.create(model=MODEL, messages=harmony.chat_messages(item), temperature=0,
+                                               max_tokens=96, tools=harmony.chat_tools())
+            msg = r.choices[0].message
+            return {"reasoning": _reasoning(msg), "content": msg.content,
+                    "tool_calls": [{"name": c["name"], "arguments": c["arguments"]} for c in _calls(msg)]}
+        return {"reasoning": whole.reasoning, "content": whole.content, "tool_calls": []}
+
     def stream(item):
         def fn():
             whole = chat_item(client, item) if item["meta"]["kind"] != "tool" else None
-            streamed = stream_item(client, item)
-            if item["meta"]["kind"] == "tool":
-                r = client.chat.completions.create(model=MODEL, messages=harmony.chat_messages(item), temperature=0,
-                                                   max_tokens=96, tools=harmony.chat_tools())
-                msg = r.choices[0].message
-                plain = {"reasoning": _reasoning(msg), "content": msg.content,
-                         "tool_calls": [{"name": c["name"], "arguments": c["arguments"]} for c in _calls(msg)]}
-            else:
-                plain = {"reasoning": whole.reasoning, "content": whole.content, "tool_calls": []}
-            same = streamed == plain and bool(plain["content"] or plain["tool_calls"])
-            return same, f"streamed {streamed} / non-streamed {plain}"
+            plain = non_streamed(item, whole)
+            # vLLM's harmony streaming (openai_gptoss + openai parsers) parses each delta as it comes; when the server
+            # coalesces several tokens into one delta - a client or a host too slow to take them one by one - it can
+            # misroute or drop a tool call's pieces (vllm#27641, vllm#31501; fix proposed in vllm#35449). So a streamed
+            # answer that differs is streamed again, up to STREAM_ATTEMPTS times, and every differing attempt is shown.
+            tries = []
+            for _ in range(STREAM_ATTEMPTS):
+                tries.append(stream_item(client, item))
+                if tries[-1] == plain:
+                    break
+            same = tries[-1] == plain and bool(plain["content"] or plain["tool_calls"])
+            earlier = "".join(f" (attempt {i + 1} streamed {t})" for i, t in enumerate(tries[:-1]))
+            return same, f"streamed {tries[-1]} / non-streamed {plain}{earlier}"
         return fn
 
     def effort(level):

@@ -144,8 +144,8 @@ if not matrix.native_attention(ROW):  # layouts H and G
 
         The operator call is one TND launch over the paged cache with the template mask and ``pre_tokens = 127`` on the
         sliding layers (gptoss_patch.kernels.attention ``band``), ``learnable_sink`` = the impl's sinks; upstream's own
-        swa_mask is never read. Defined only where the row patches the attention (on 0.19.1rc1 nothing is patched, and
-        ``test_calibration_runs_upstream_attention_untouched`` asserts nothing wraps it).
+        swa_mask is never read. Defined only where our call replaces upstream's forward (layouts H and G; on 0.19.1rc1
+        upstream's forward runs with GPT-OSS's band, the test after this one).
         """
         seqs = STATES[state]
         case = n015.build_case(cfg, seqs, num_heads=N, num_kv_heads=KVN, seed=21, sliding_window=window)

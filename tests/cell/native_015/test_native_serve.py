@@ -1,10 +1,10 @@
 """``vllm serve`` on a natively supporting release, through vLLM's real engine and vllm-ascend's real NPUWorker on the
 simulated NPU.
 
-* FULL_DECODE_ONLY: upstream's graph path drops the sinks up to 0.19.1rc1 (vllm-ascend PR #9165). On layouts H and G
-  (0.15.0rc1 - 0.18.0) our call is captured and updated instead: served at TP 2, the tokens equal transformers' (and on
-  0.15.0rc1, unpatched, they do not). 0.19.1rc1 refuses it at start-up - in the engine-core process, while the model is
-  built - with the guard's message naming the capability and the setting that avoids it; the server never answers.
+* FULL_DECODE_ONLY: upstream's graph path drops the sinks up to 0.19.1rc1 (vllm-ascend PR #9165). Our call is
+  captured and updated instead - by our forward on layouts H and G (0.15.0rc1 - 0.18.0), by
+  ``attention_graph.capture_sinks`` in upstream's ``full_graph_fia`` on layout I (0.19.1rc1): served at TP 2, the tokens
+  equal transformers' (and on 0.15.0rc1, unpatched, they do not).
 * Layouts H and G (0.15.0rc1 - 0.18.0): the main job (PIECEWISE, tensor parallel 2) answers with transformers'
   tokens with the patches. Without them (``GPTOSS_PATCH_DISABLE=1`` + ``GPTOSS_PATCH_ALLOW_UNPATCHED=1``) the first
   prefill would hand the simulated operator what its documentation excludes - upstream's ``swa_mask`` with sparse_mode
