@@ -445,7 +445,11 @@ def _record(name: str, env_s: float, tests_s: float) -> None:
 #: each), two review helpers working beside it: 2817 s in all (46.9 min) - unit 160 s, cell-0.11.0 525 s, 0.12.0rc1
 #: 254 s, 0.13.0 235 s, 0.14.0rc1 265 s, 0.15.0rc1 185 s, 0.16.0rc1 169 s, 0.17.0rc1 253 s, 0.18.0 182 s, 0.19.1rc1
 #: 223 s; environments 355 s of it. Where the time goes: the cells' ``vllm serve`` starts and the 0.11.0 cell's
-#: served jobs (eager, PIECEWISE, FULL_DECODE_ONLY, TP 2, EP 2 / MC2, Ray).
+#: served jobs (eager, PIECEWISE, FULL_DECODE_ONLY, TP 2, EP 2 / MC2, Ray). 2026-12-06, issue 30 (48794ef), warm,
+#: nothing beside it: 3107 s (51.8 min) - unit 161 s, 0.11.0 585 s, 0.12.0rc1 271 s, 0.13.0 303 s, 0.14.0rc1 336 s,
+#: 0.15.0rc1 318 s, 0.16.0rc1 270 s, 0.17.0rc1 285 s, 0.18.0 273 s, 0.19.1rc1 301 s; the native cells' new served
+#: FULL_DECODE_ONLY TP 2 runs (~60 s each) and 0.19.1rc1's patched main job the most of the increase (two negative
+#: controls moved to TP 1 after it: -55 s of test time).
 TEST_BUDGETS = {"unit": 600, "cell-0.11.0": 1500}
 DEFAULT_TEST_BUDGET = {"patched": 1200, "native": 700}
 ENV_BUDGET = {"warm": 90, "cold": 400}

@@ -116,14 +116,14 @@ if not matrix.native_attention(ROW):  # layouts H and G: our attention runs the 
 if ROW.vllm_ascend == "0.15.0rc1":  # the negative control once: a server start per cell would cost CI minutes
     @pytest.mark.expensive(60)
     def test_full_decode_only_without_the_patch_loses_the_sinks():
-        """The job above without gptoss-patch (``GPTOSS_PATCH_DISABLE=1`` + ``GPTOSS_PATCH_ALLOW_UNPATCHED=1``, and the
+        """The job above (at tensor parallel 1: the capture is per rank) without gptoss-patch (``GPTOSS_PATCH_DISABLE=1``
+        + ``GPTOSS_PATCH_ALLOW_UNPATCHED=1``, and the
         template fault so that the prefill runs: see the eager test above). Upstream captures its decode attention with
         ``full_graph_fia`` - FIA v1, ``sparse_mode 3``, no sinks, no window (docs/upstream.md §4.2) - so the replayed
         decode steps compute another attention than the eager path of the same release: the tokens are neither
         transformers' nor those of the release's own eager band (transformers with 129 keys, which the eager run
         above equals on this layout)."""
-        bare = serve_job.run(WORKDIR, mode="FULL_DECODE_ONLY", max_tokens=8, startup_timeout=600,
-                             checkpoint_format="bf16-tp2", tensor_parallel_size=2, verify_server=False,
+        bare = serve_job.run(WORKDIR, mode="FULL_DECODE_ONLY", max_tokens=8, startup_timeout=600, verify_server=False,
                              extra_env={"GPTOSS_PATCH_DISABLE": "1", "GPTOSS_PATCH_ALLOW_UNPATCHED": "1",
                                         **faults.env("swa_mask_as_template")})
         print("--- the same job without gptoss-patch:")
@@ -142,8 +142,8 @@ if ROW.vllm_ascend == "0.15.0rc1":  # the negative control once: a server start 
 if matrix.native_attention(ROW):  # layout I: upstream's own attention serves GPT-OSS, unpatched with its band
     @pytest.mark.expensive(70)
     def test_main_job_without_the_patch_serves_transformers_with_the_documented_129_key_band():
-        """Calibration through the real engine, and what layout I's patch changes: the same main job (PIECEWISE, tensor
-        parallel 2, gpt-oss-120b's per-rank shapes at TP 8) without gptoss-patch (``GPTOSS_PATCH_DISABLE=1`` +
+        """Calibration through the real engine, and what layout I's patch changes: the main job (PIECEWISE; at tensor
+        parallel 1, where the patched run above is at 2 - the band is per layer, not per rank) without gptoss-patch (``GPTOSS_PATCH_DISABLE=1`` +
         ``GPTOSS_PATCH_ALLOW_UNPATCHED=1``). This release runs GPT-OSS natively (validated on hardware upstream); its
         sliding layers take the fused operator's ``sparse_mode 4`` band of ``pre_tokens + 1`` = 129 keys
         (docs/upstream.md §4.3). Every exchange's greedy tokens equal transformers' float32 GPT-OSS with
@@ -154,8 +154,7 @@ if matrix.native_attention(ROW):  # layout I: upstream's own attention serves GP
         Upstream's ``BlockTable.compute_slot_mapping`` launches vLLM's Triton kernel ``_compute_slot_mapping_kernel``:
         the simulator emulates it (:mod:`gptoss_patch_testkit.npu_sim.triton_kernels`).
         """
-        report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=8, startup_timeout=600,
-                               checkpoint_format="bf16-tp2", tensor_parallel_size=2, verify_server=False,
+        report = serve_job.run(WORKDIR, mode="PIECEWISE", max_tokens=8, startup_timeout=600, verify_server=False,
                                extra_env={"GPTOSS_PATCH_DISABLE": "1", "GPTOSS_PATCH_ALLOW_UNPATCHED": "1"})
         print("--- the same job without gptoss-patch:")
         serve_job.print_report(report)
