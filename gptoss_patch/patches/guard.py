@@ -216,8 +216,9 @@ def _model_runner_v2(vllm_config: Any = None) -> str | None:
     * ``VLLM_USE_V2_MODEL_RUNNER``: vLLM parses it as ``bool(int(value))`` (``vllm/envs.py``, 0.13 - 0.19), and
       vllm-ascend's worker (``worker/worker.py``), forward context and backend name read it; a value ``int()`` cannot
       read - which vLLM itself rejects - counts as in use, so the guard names it rather than guessing.
-    * ``VllmConfig.use_v2_model_runner`` (vLLM >= 0.23, read by vllm-ascend's worker from 0.23.0rc1): in vLLM it may
-      select v2 without the variable (per model or feature); from 0.27.1rc1 vllm-ascend's
+    * ``VllmConfig.use_v2_model_runner``, which vllm-ascend's worker reads from 0.23.0rc1 (``worker/worker.py`` L160;
+      it forces v1 again with vLLM 0.23.0): what vLLM decides there beyond the variable was not read here (no cell
+      runs vLLM >= 0.20), so whenever it says v2 the guard refuses; from 0.27.1rc1 vllm-ascend's
       ``patch_use_v2_model_runner`` makes it the variable alone. A property that raises counts as not set.
     """
     value = os.environ.get("VLLM_USE_V2_MODEL_RUNNER", "").strip()

@@ -54,6 +54,12 @@ Upstream releases
       nothing to rebind). Upstream pairs ``attn_metadata`` keys and records by position; 0.14 also gives GPT-OSS's
       sliding layers their own KV-cache group (``SlidingWindowSpec``, docs/upstream.md §8.4), so per-layer metadata differ between
       groups - pairing by layer name is what keeps each record on its own layer's lengths.
+    * H, G (0.15.0rc1 - 0.18.0): the same staticmethod (``draft_attn_metadatas=None`` added); the sink/window layers
+      reach the capture through our ``forward_impl`` wrapper (:mod:`gptoss_patch.patches.attention`).
+    * I (0.19.1rc1): the same staticmethod; upstream's own forward sends every captured layer to ``full_graph_fia``
+      (FIA v1, ``sparse_mode 3``, no sinks), which ``attention_graph.capture_sinks`` (:func:`_full_graph_fia`) wraps so
+      that a sink layer of a GPT-OSS process is captured by :func:`capture_decode` instead (docs/upstream.md §4.2).
+    * 0.20.2rc1 and later capture sink layers themselves (``full_graph_fia_v2``, PR #9165): nothing registered.
 
     From 0.12.0rc1 on the forward patch sits on ``forward_impl``, which has no ``layer`` argument: the layer name is
     found in ``forward_context.no_compile_layers`` (:func:`layer_name_of`).
